@@ -1,0 +1,80 @@
+"""The drafter protocol: what every drafter (small model, n-gram lookup, early exit) gives the engine.
+
+A drafter proposes a chain or a tree of tokens that continue the committed context; the engine has the
+target check them in one forward, then tells the drafter what was accepted so it can roll back state.
+
+Words used throughout: the *context* is every committed token (prompt + generated so far, the last one
+being the *root*: committed but not yet run through the target); a *draft* is n proposed tokens with a
+parent array (parent -1 = child of the root; a chain has parents [-1, 0, 1, ..., n-2]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Draft:
+    """n proposed tokens.
+
+    tokens:  [n] int64, in topological order (a parent comes before its children)
+    parents: [n] int64, parent node index, -1 for children of the root
+    q_probs: [n, V] float32 or None. Row i is the draft distribution that token i was sampled FROM
+             (for a tree: the parent's distribution, shared by siblings). None means the drafter is
+             deterministic (argmax, lookup): its q is one-hot on the proposed token.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    q_probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @staticmethod
+    def chain(tokens: torch.Tensor, q_probs: torch.Tensor | None = None) -> "Draft":
+        n = int(tokens.numel())
+        return Draft(tokens, torch.arange(-1, n - 1, dtype=torch.long, device=tokens.device), q_probs)
+
+    @staticmethod
+    def empty(device=None) -> "Draft":
+        z = torch.zeros(0, dtype=torch.long, device=device)
+        return Draft(z, z.clone(), None)
+
+
+@dataclass
+class DraftContext:
+    """What a drafter sees when asked to propose.
+
+    tokens:  [T] int64, the committed context (prompt + generated); tokens[-1] is the root
+    sampling: the engine's SamplingParams (do_sample, temperature, top_k, top_p)
+    generator: torch.Generator for any randomness (seeded by the user through torch.manual_seed)
+    """
+
+    tokens: torch.Tensor
+    sampling: object
+    generator: torch.Generator | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Protocol every drafter implements.
+
+    deterministic: True when q is one-hot (the verifier then uses the one-hot rule)
+    begin(engine, seq): called once after prefill (the model drafter binds its page tensors here)
+    propose(ctx, budget): return a Draft of at most `budget` tokens (0 allowed: plain decoding)
+    accept(num_context_tokens): the committed context now has this many tokens; drop state past it
+    end(): generation over (also on exceptions); release anything held
+    """
+
+    deterministic: bool
+
+    def begin(self, engine, seq) -> None: ...
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft: ...
+
+    def accept(self, num_context_tokens: int) -> None: ...
+
+    def end(self) -> None: ...
