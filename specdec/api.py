@@ -1,0 +1,272 @@
+"""The public entry points: generate / wrap / hf_custom_generate. HF keyword semantics; no math here.
+
+Keywords keep their HF `generate()` meaning (resolved through a `GenerationConfig`, with HF's own
+defaults: max_length 20, top_k 50 when sampling, ...). A keyword specdec cannot honour raises a
+ValueError naming it, never a silent ignore.
+"""
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .drafters.base import Drafter
+from .engine import Engine, Limits
+from .hf.runner import max_positions_of
+from .policy import make_policy
+from .stats import SpecStats
+from .verifiers.sampling import SamplingParams
+
+# generation-config fields that must keep their default (value shown) because specdec does not implement them
+_UNSUPPORTED = {
+    "num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "typical_p": 1.0, "min_p": None, "top_h": None,
+    "epsilon_cutoff": None, "eta_cutoff": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "guidance_scale": None,
+    "output_scores": False, "output_logits": False, "output_attentions": False, "output_hidden_states": False,
+    "exponential_decay_length_penalty": None, "num_beam_groups": None, "diversity_penalty": None,
+    "penalty_alpha": None, "constraints": None, "force_words_ids": None, "stop_strings": None,
+    "watermarking_config": None, "renormalize_logits": False, "remove_invalid_values": False, "max_time": None,
+    "token_healing": None, "dola_layers": None, "prompt_lookup_num_tokens": None,
+}
+_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance")
+
+
+@dataclass
+class GenerateOutput:
+    """sequences: [1, T + N] int64 (prompt + new tokens, like HF); stats: what the run measured."""
+
+    sequences: torch.Tensor
+    stats: SpecStats
+
+
+def _resolve_drafter(target, drafter):
+    from transformers import PreTrainedModel
+
+    from .drafters.model import ModelDrafter
+
+    if drafter is None or isinstance(drafter, Drafter):
+        out = drafter
+    elif isinstance(drafter, str):
+        if drafter != "ngram":
+            raise ValueError(f"unknown drafter {drafter!r}: pass a PreTrainedModel, a specdec.drafters.Drafter, or 'ngram'")
+        from .drafters.ngram import PromptLookup
+
+        out = PromptLookup()
+    elif isinstance(drafter, PreTrainedModel):
+        out = ModelDrafter(drafter)
+    else:
+        raise ValueError(f"drafter must be a PreTrainedModel, a specdec.drafters.Drafter or 'ngram', got "
+                         f"{type(drafter).__name__}")
+    if hasattr(out, "check_compatible"):
+        out.check_compatible(target)
+    return out
+
+
+def _prompt(target, input_ids) -> torch.Tensor:
+    if input_ids is None:
+        raise ValueError("input_ids is required")
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"specdec generates one sequence at a time: batch size {input_ids.shape[0]} > 1 is not "
+                         "supported yet; loop over the batch")
+    if input_ids.shape[1] == 0:
+        raise ValueError("empty prompt: input_ids has no tokens (give at least one, e.g. the BOS token)")
+    max_pos = max_positions_of(target)
+    if max_pos is not None and input_ids.shape[1] >= max_pos:
+        raise ValueError(f"prompt of {input_ids.shape[1]} tokens does not fit the model's {max_pos} positions")
+    vocab = target.config.get_text_config().vocab_size
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
+    return input_ids[0].long()
+
+
+def _generation_config(target, generation_config, kwargs):
+    """Merge generation_config (or the model's) with kwargs like HF; returns (config, leftover kwargs)."""
+    from transformers import GenerationConfig
+
+    base = generation_config if generation_config is not None else target.generation_config
+    cfg = copy.deepcopy(base) if base is not None else GenerationConfig()
+    leftover = cfg.update(**kwargs)
+    for key, value in GenerationConfig._get_default_generation_params().items():
+        if getattr(cfg, key, None) is None and value is not None:
+            setattr(cfg, key, value)
+    _check_supported(cfg)
+    return cfg, leftover
+
+
+def _check_supported(cfg) -> None:
+    from transformers import GenerationConfig
+
+    hf_defaults = GenerationConfig._get_default_generation_params()
+    for key, default in _UNSUPPORTED.items():
+        value = getattr(cfg, key, None)
+        if value is not None and value != default and value != hf_defaults.get(key, default):
+            raise ValueError(f"{key}={value!r} is not supported by specdec (speculative decoding of one sequence); "
+                             "remove it or use the model's own generate()")
+
+
+def _limits_and_sampling(cfg, prompt_len: int, stopping_criteria, target):
+    if cfg.max_new_tokens is not None:
+        max_new = cfg.max_new_tokens
+    else:
+        max_new = cfg.max_length - prompt_len
+    if max_new <= 0:
+        raise ValueError(f"nothing to generate: max_new_tokens={cfg.max_new_tokens}, max_length={cfg.max_length}, "
+                         f"prompt has {prompt_len} tokens")
+    min_new = max(cfg.min_new_tokens or 0, (cfg.min_length or 0) - prompt_len)
+    eos = cfg.eos_token_id  # the model's generation_config carries its EOS; an explicit None disables it
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    sampling = SamplingParams(do_sample=bool(cfg.do_sample), temperature=float(cfg.temperature),
+                              top_k=int(cfg.top_k or 0), top_p=float(cfg.top_p))
+    return Limits(max_new, min_new, eos, stopping_criteria), sampling
+
+
+def _generator(device) -> torch.Generator:
+    """A generator seeded from torch's global RNG, so torch.manual_seed(s) makes a run reproducible."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(torch.randint(0, 2**62, (1,))))
+    return g
+
+
+def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact"):
+    if acceptance not in ("exact", "typical"):
+        raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
+    if tree is not None:
+        raise ValueError("tree= is not supported yet: token trees land with the tree issue; use a chain (tree=None)")
+    if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
+        raise ValueError(f"draft_length must be >= 0, 'adaptive' or 'heuristic', got {draft_length}")
+    target.eval()
+    return Engine(target, _resolve_drafter(target, drafter), make_policy(draft_length, max_draft_length),
+                  acceptance=acceptance)
+
+
+def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
+         streamer=None, attention_mask=None, **kwargs):
+    target = engine.target
+    prompt = _prompt(target, input_ids)
+    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
+        raise ValueError("attention_mask with padding is not supported (batch size 1 needs no padding)")
+    kwargs.pop("use_cache", None)
+    cfg, leftover = _generation_config(target, generation_config, kwargs)
+    if leftover:
+        raise ValueError(f"unknown keyword argument(s) for generate: {', '.join(sorted(leftover))}")
+    limits, sampling = _limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target)
+    seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
+                                 generator=_generator(engine.device))
+    seq = seq[None].to(prompt.device)
+    if cfg.return_dict_in_generate:
+        return GenerateOutput(seq, stats)
+    return seq
+
+
+def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
+             tree=None, acceptance: str = "exact", **kwargs):
+    """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
+
+    input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
+    return_dict_in_generate=True. drafter: a PreTrainedModel sharing the vocabulary, a Drafter, 'ngram' or
+    None (plain decoding through the same engine).
+    """
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
+    return _run(engine, input_ids, **kwargs)
+
+
+class SpecModel:
+    """`wrap(target, drafter=...)`: use it like the HF model; generate() speculates, the rest falls through."""
+
+    def __init__(self, target, drafter=None, **options):
+        unknown = set(options) - set(_SPEC_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown speculation option(s): {', '.join(sorted(unknown))}; known: {_SPEC_OPTIONS}")
+        self.__dict__["target"] = target
+        self.__dict__["engine"] = _make_engine(target, drafter, **options)
+
+    def generate(self, input_ids=None, **kwargs):
+        if "inputs" in kwargs:
+            input_ids = kwargs.pop("inputs")
+        return _run(self.engine, input_ids, **kwargs)
+
+    def stream(self, input_ids=None, **kwargs):
+        """Yield lists of new token ids as the target accepts them; the last item is the SpecStats."""
+        from transformers.generation.streamers import BaseStreamer
+
+        q: queue.Queue = queue.Queue()
+
+        class _Q(BaseStreamer):
+            first = True
+
+            def put(self, value):
+                if self.first:  # HF streamers receive the prompt first
+                    self.first = False
+                    return
+                q.put(value.flatten().tolist())
+
+            def end(self):
+                pass
+
+        result = {}
+
+        def work():
+            try:
+                result["out"] = self.generate(input_ids, streamer=_Q(), return_dict_in_generate=True, **kwargs)
+            except BaseException as e:  # re-raised in the consumer
+                result["err"] = e
+            q.put(None)
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        while (item := q.get()) is not None:
+            yield item
+        t.join()
+        if "err" in result:
+            raise result["err"]
+        yield result["out"].stats
+
+    def __call__(self, *args, **kwargs):
+        return self.target(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["target"], name)
+
+
+def wrap(model, drafter=None, **options) -> SpecModel:
+    """Wrap once, then call .generate(**HF kwargs) / .stream(...); attribute access falls through to the model."""
+    return SpecModel(model, drafter, **options)
+
+
+def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                       synced_gpus=False, streamer=None, drafter=None, draft_length="adaptive",
+                       max_draft_length: int = 8, tree=None, acceptance: str = "exact", **model_kwargs):
+    """The decoding loop for `model.generate(..., custom_generate=specdec.hf_custom_generate, drafter=d)`.
+
+    HF has already resolved generation_config and built its logits processors (warpers included) and
+    stopping criteria; we apply them row by row, identically to target and draft.
+    """
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
+    prompt = _prompt(model, input_ids)
+    cfg = generation_config
+    _check_supported(cfg)
+    max_new = cfg.max_length - prompt.numel()
+    eos = cfg.eos_token_id
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    limits = Limits(max_new, 0, eos, stopping_criteria)
+    sampling = SamplingParams(do_sample=bool(cfg.do_sample))  # HF's processors do the warping
+    seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
+                                 generator=_generator(engine.device))
+    seq = seq[None].to(input_ids.device)
+    if cfg.return_dict_in_generate:
+        out = GenerateDecoderOnlyOutput(sequences=seq)
+        out.stats = stats
+        return out
+    return seq

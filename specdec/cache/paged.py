@@ -1,0 +1,55 @@
+"""One model's KV page tensors, addressed through the shared block table.
+
+Layout per layer: k[layer], v[layer]: [num_pages * page_size, num_kv_heads, head_dim] (flat slots;
+viewed as [num_pages, page_size, H, D] for kernels). Tensors are allocated on the first write of each
+layer, when the model's head counts and dtype are known (layers may differ, e.g. Gemma's head dims).
+`valid` is how many leading positions of the sequence hold this model's KV.
+"""
+from __future__ import annotations
+
+import torch
+
+from .pool import PagePool
+
+
+class PagedKV:
+    def __init__(self, pool: PagePool, num_layers: int, device: torch.device | str = "cpu"):
+        self.pool = pool
+        self.num_layers = num_layers
+        self.device = torch.device(device)
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.valid = 0
+
+    def _alloc(self, layer: int, like: torch.Tensor) -> None:
+        # like: [1, H, n, D]
+        shape = (self.pool.num_pages * self.pool.page_size, like.shape[1], like.shape[3])
+        self.k[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.v[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots: [n] int64; k, v: [1, H, n, D] (HF layout)."""
+        if self.k[layer] is None:
+            self._alloc(layer, k)
+        self.k[layer].index_copy_(0, slots, k[0].transpose(0, 1))
+        self.v[layer].index_copy_(0, slots, v[0].transpose(0, 1))
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots: [T] int64 -> k, v: [1, H, T, D]."""
+        k = self.k[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        v = self.v[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        return k, v
+
+    def pages_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v as [num_pages, page_size, H, D] (no copy), for kernels."""
+        ps = self.pool.page_size
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, ps, *k.shape[1:]), v.view(-1, ps, *v.shape[1:])
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy KV rows src -> dst in every layer; correct when the two sets overlap. [m] int64 each."""
+        for layer in range(self.num_layers):
+            if self.k[layer] is None:
+                continue
+            self.k[layer][dst_slots] = self.k[layer][src_slots]  # RHS is materialised before the write
+            self.v[layer][dst_slots] = self.v[layer][src_slots]

@@ -1,0 +1,199 @@
+"""The speculative decoding loop: prefill -> [draft -> verify -> accept -> commit/rollback -> re-plan]*.
+
+No math here (verifiers do it) and no globals. Batch size 1: one sequence, one block table, shared by
+the target and a model drafter. Every page goes back to the pool when the generation ends, also when
+it ends by an exception.
+
+Vocabulary: the *context* is every committed token; its last token, the *root*, is committed but not
+yet run through the target (its KV is missing). A step runs the target over [root, draft nodes] in one
+forward, keeps the accepted path's KV, and commits accepted tokens + one correction/bonus token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache.pool import BlockTable, PagePool
+from .drafters.base import Draft, DraftContext
+from .hf.attention import specdec_attention
+from .hf.runner import ModelRunner, max_positions_of
+from .processing import LogitsPipeline
+from .stats import SpecStats
+from .tree import ancestor_mask_with_root, depths, is_chain, path_to
+from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
+from .verifiers.sampling import SamplingParams, probs_from_scores, sample
+
+
+@dataclass
+class Limits:
+    """When to stop. max_new_tokens is exact; eos ends generation right after the EOS token."""
+
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    eos_token_ids: list[int] = field(default_factory=list)
+    stopping_criteria: object = None  # HF StoppingCriteriaList or None
+
+
+class Engine:
+    """Runs one generation at a time for a (target, drafter, policy)."""
+
+    def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
+                 tree_with_replacement: bool = False, acceptance: str = "exact"):
+        self.target = target
+        self.drafter = drafter
+        self.policy = policy
+        self.page_size = page_size
+        self.device = next(target.parameters()).device
+        self.kernel = (self.device.type == "cuda") if kernel is None else kernel
+        self.tree_with_replacement = tree_with_replacement
+        self.acceptance = acceptance
+        self.pool: PagePool | None = None
+
+    def _pool_for(self, tokens: int) -> PagePool:
+        pages = -(-tokens // self.page_size) + 1
+        if self.pool is None or self.pool.num_pages < pages:
+            self.pool = PagePool(pages, self.page_size)
+        if self.pool.num_used:
+            raise RuntimeError(f"page pool has {self.pool.num_used} pages in use at the start of a generation")
+        return self.pool
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, sampling: SamplingParams, limits: Limits, processors=None,
+                 streamer=None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, SpecStats]:
+        """input_ids [T] int64 -> (sequence [T + N] int64, stats)."""
+        prompt = input_ids.to(self.device)
+        T = prompt.numel()
+        max_draft = getattr(self.policy, "max_length", 8)
+        pool = self._pool_for(T + limits.max_new_tokens + max_draft + 2)
+        table = BlockTable(pool, self.device)
+        pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
+        stats = SpecStats(prompt_tokens=T)
+        target = ModelRunner(self.target, pool, table, self.kernel)
+        max_pos = max_positions_of(self.target)
+        draft_model = getattr(self.drafter, "model", None)
+        began = False
+        try:
+            with specdec_attention(self.target, draft_model):
+                t0 = time.perf_counter()
+                logits = target.forward(prompt, logits_rows=1)
+                if self.drafter is not None:
+                    self.drafter.begin(self, table)
+                    began = True
+                stats.prefill_s = time.perf_counter() - t0
+                scores = pipeline(logits, prompt, [[]])
+                first = self._pick(scores, sampling, generator)
+                tokens = prompt.tolist() + [first]
+                stats.ttft_s = time.perf_counter() - t0
+                if streamer is not None:
+                    streamer.put(prompt.cpu())
+                    streamer.put(torch.tensor([first]))
+                done = self._stops(tokens, T, limits, scores[:1])
+                t_decode = time.perf_counter()
+                while not done:
+                    done = self._step(tokens, T, target, pipeline, sampling, limits, stats, generator, table,
+                                      streamer, max_pos)
+                stats.decode_s = time.perf_counter() - t_decode
+                stats.new_tokens = len(tokens) - T
+                tracker = getattr(self.policy, "tracker", None)
+                if tracker is not None and hasattr(tracker, "to_dict"):
+                    stats.tracker = tracker.to_dict()
+        finally:
+            if began:
+                self.drafter.end()
+            table.release()
+            if streamer is not None:
+                streamer.end()
+        return torch.tensor(tokens, dtype=torch.long), stats
+
+    def _pick(self, scores: torch.Tensor, sampling: SamplingParams, generator) -> int:
+        if sampling.do_sample:
+            return int(sample(probs_from_scores(scores[-1:]), generator)[0])
+        return int(scores[-1].argmax())
+
+    def _stops(self, tokens: list[int], T: int, limits: Limits, scores) -> bool:
+        """Whether the LAST token of `tokens` ends generation."""
+        if len(tokens) - T >= limits.max_new_tokens or tokens[-1] in limits.eos_token_ids:
+            return True
+        if limits.stopping_criteria is not None:
+            ids = torch.tensor(tokens, dtype=torch.long)[None]
+            return bool(limits.stopping_criteria(ids, scores).any())
+        return False
+
+    def _step(self, tokens, T, target: ModelRunner, pipeline, sampling, limits, stats, generator, table,
+              streamer, max_pos) -> bool:
+        N = len(tokens)
+        L = N - 1  # the root's position; the target holds KV for [0, L)
+        budget = min(self.policy.next_length(), limits.max_new_tokens - (N - T) - 1)
+        if max_pos is not None:
+            budget = min(budget, max_pos - N)
+        context = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        t0 = time.perf_counter()
+        if budget > 0 and self.drafter is not None:
+            ctx = DraftContext(tokens=context, sampling=sampling, generator=generator)
+            ctx.process = pipeline
+            ctx.should_continue = self.policy.should_continue
+            draft = self.drafter.propose(ctx, budget)
+        else:
+            draft = Draft.empty(self.device)
+        t1 = time.perf_counter()
+        n = len(draft)
+        chain = is_chain(draft.parents)
+        node_depth = depths(draft.parents) if n else draft.parents
+        positions = torch.cat([torch.tensor([L], device=self.device), L + node_depth])
+        verify_tokens = torch.cat([context[-1:], draft.tokens])
+        logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(draft.parents))
+        # one row per node: its prefix is the context plus the draft tokens on its path
+        par = draft.parents.tolist()
+        toks = draft.tokens.tolist()
+        paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else
+                        [[toks[j] for j in path_to(par, i)] for i in range(n)])
+        scores = pipeline(logits, context, paths)
+        result = self._verify(draft, scores, sampling, generator, chain)
+        t2 = time.perf_counter()
+        m = len(result.path)
+        if not chain and m and result.path != list(range(m)):
+            src = table.slots(L + 1, L + 1 + n)[torch.tensor(result.path, device=self.device)]
+            dst = table.slots(L + 1, L + 1 + m)
+            target.kv.move(src, dst)
+            drafter_kv = getattr(self.drafter, "tree_kv", None)
+            if drafter_kv is not None:
+                drafter_kv.move(src, dst)
+        new = [toks[i] for i in result.path] + [result.next_token]
+        target.rollback(L + 1 + m)
+        # commit token by token so EOS / stopping criteria end generation exactly where HF would
+        done = False
+        emitted = 0
+        for tok in new:
+            tokens.append(tok)
+            emitted += 1
+            if self._stops(tokens, T, limits, scores[min(emitted - 1, scores.shape[0] - 1)][None]):
+                done = True
+                break
+        if self.drafter is not None:
+            self.drafter.accept(len(tokens))
+        table.truncate(target.valid)  # frees the pages of rejected nodes (the drafter rolled back in accept)
+        stats.record_step(n, m)
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
+        if streamer is not None:
+            streamer.put(torch.tensor(new[:emitted]))
+        return done
+
+    def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):
+        if self.acceptance == "typical":
+            from .verifiers import typical_tree
+
+            return typical_tree(draft.tokens, draft.parents, probs_from_scores(scores), generator)
+        if not sampling.do_sample:
+            if chain:
+                return greedy_chain(draft.tokens, scores)
+            return greedy_tree(draft.tokens, draft.parents, scores)
+        p = probs_from_scores(scores)
+        q = draft.q_probs
+        if chain:
+            return sample_chain(draft.tokens, p, q, generator)
+        return sample_tree(draft.tokens, draft.parents, p, q, generator, self.tree_with_replacement)
+

@@ -1,0 +1,96 @@
+"""The attention function specdec registers with transformers, and the switch that selects it.
+
+transformers 5 lets a third party supply attention: `AttentionInterface.register(name, fn)` and
+`model.set_attn_implementation(name)`. Layers then call our `paged_attention` with keys/values that our
+cache's `update` returned. We also register a mask function returning None, so transformers builds no
+mask of its own: the engine owns masking (prefix fully visible + causal or tree-ancestor block).
+
+Shapes (HF layout): query [1, Hq, n, D]; key/value [1, Hkv, T, D] (T = prefix + n) on the torch path,
+or the page tensors [num_pages, page_size, Hkv, D] on the Triton path. Output [1, n, Hq, D].
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+NAME = "specdec"
+
+
+def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                    sliding_window=None, softcap=None, specdec_meta=None, **kwargs):
+    meta = specdec_meta
+    if meta is None:
+        raise RuntimeError("specdec attention was called outside a specdec forward (no specdec_meta); "
+                           "restore the model's attention implementation before calling it directly")
+    meta.calls += 1
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if meta.kernel:
+        from ..kernels import tree_attention
+
+        out = tree_attention(query[0].transpose(0, 1), key, value, meta.block_table, meta.prefix_len,
+                             meta.tree_mask, scale, sliding_window=sliding_window, softcap=softcap,
+                             node_pos=meta.q_pos)
+        return out.unsqueeze(0), None
+    mask = meta.mask_for(sliding_window)  # [n, T] bool, True = may attend
+    if softcap is None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+    else:  # Gemma-2 style logit soft-capping: SDPA has none
+        groups = query.shape[1] // key.shape[1]
+        k = key.repeat_interleave(groups, dim=1)
+        v = value.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(query, k.transpose(-1, -2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(probs, v)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    return None
+
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, paged_attention)
+    AttentionMaskInterface.register(NAME, _no_mask)
+    _registered = True
+
+
+def check_supported(model) -> None:
+    """Refuse, clearly, a model whose attention does not go through transformers' AttentionInterface."""
+    if not getattr(model, "_supports_attention_backend", False):
+        raise ValueError(
+            f"{type(model).__name__} does not route attention through transformers' AttentionInterface, so "
+            "specdec cannot run it over its paged KV cache; use a model class that supports custom attention "
+            "backends (Llama, Mistral, Qwen2/3, Gemma, Phi-3, GPT-2, ...)")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{type(model).__name__} is an encoder-decoder model; specdec supports causal LMs only")
+
+
+@contextlib.contextmanager
+def specdec_attention(*models):
+    """Select our attention on `models` for the duration, restoring each one's own afterwards (also on error)."""
+    register()
+    saved = []
+    try:
+        for m in models:
+            if m is None or any(m is s for s, _ in saved):
+                continue
+            saved.append((m, m.config._attn_implementation))
+            m.set_attn_implementation(NAME)
+        yield
+    finally:
+        for m, impl in reversed(saved):
+            m.set_attn_implementation(impl)

@@ -1,0 +1,93 @@
+"""The transformers `Cache` subclass that makes an unmodified HF model read and write our pages.
+
+Before each forward the runner sets `cache.meta` (a StepMeta): where the n new tokens' KV goes
+(write_slots [n]), which slots the queries read (read_slots [T]), the positions, and the mask. Layers
+call `update(k [1, Hkv, n, D], v, layer_idx, ...)`; we write the pages and return the keys/values the
+attention function needs (dense [1, Hkv, T, D] on the torch path, the page tensors on the kernel path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..cache.paged import PagedKV
+
+
+@dataclass
+class StepMeta:
+    """One forward's addressing. n new tokens written after `prefix_len` positions.
+
+    write_slots: [n] int64; read_slots: [prefix_len + n] int64
+    tree_mask: [n, n] bool (True = column is ancestor-or-self of row); q_pos: [n] positions of new tokens
+    """
+
+    prefix_len: int
+    write_slots: torch.Tensor
+    read_slots: torch.Tensor
+    tree_mask: torch.Tensor
+    q_pos: torch.Tensor
+    kernel: bool = False
+    block_table: torch.Tensor | None = None
+    calls: int = 0
+    _masks: dict = field(default_factory=dict)
+
+    def mask_for(self, sliding_window: int | None) -> torch.Tensor:
+        """[n, prefix_len + n] bool; built once per forward per window size."""
+        key = sliding_window or 0
+        mask = self._masks.get(key)
+        if mask is None:
+            n, dev = self.q_pos.numel(), self.q_pos.device
+            mask = torch.cat([torch.ones(n, self.prefix_len, dtype=torch.bool, device=dev), self.tree_mask], dim=1)
+            if sliding_window:
+                k_pos = torch.cat([torch.arange(self.prefix_len, device=dev), self.q_pos])
+                mask = mask & (self.q_pos[:, None] - k_pos[None, :] < sliding_window)
+            self._masks[key] = mask
+        return mask
+
+
+class _PagedLayer(CacheLayerMixin):
+    """Per-layer shim so transformers' Cache bookkeeping sees a layer; the data lives in PagedKV."""
+
+    is_sliding = False
+
+    def __init__(self, owner: "PagedCache"):
+        super().__init__()
+        self.owner = owner
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states):
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError  # PagedCache.update handles every layer
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.meta.prefix_len + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.meta.prefix_len if self.owner.meta is not None else 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PagedCache(Cache):
+    def __init__(self, kv: PagedKV):
+        self.kv = kv
+        self.meta: StepMeta | None = None
+        super().__init__(layers=[_PagedLayer(self) for _ in range(kv.num_layers)])
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        meta = self.meta
+        self.kv.write(layer_idx, meta.write_slots, key_states, value_states)
+        if meta.kernel:
+            return self.kv.pages_view(layer_idx)
+        return self.kv.gather(layer_idx, meta.read_slots)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.meta.prefix_len if self.meta is not None else 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length()

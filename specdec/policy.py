@@ -1,0 +1,614 @@
+"""How much to draft next step: the acceptance tracker, the cost model and the draft-length policies.
+
+Speculative decoding pays off only while the drafts are accepted often enough to cover their cost. Two
+numbers decide it (DESIGN.md §6, reference/theory.md §1): the per-token acceptance rate alpha and the
+measured costs (T_draft per drafted token, T_verify(n) for a target forward over n tokens). This module
+estimates both online and turns them into the draft budget k of the next step:
+
+    S(k)   = tau(k) * T_target_1 / (k * T_draft + T_verify(k + 1))     speedup over plain decoding
+    tau(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j                        expected tokens per step (bonus incl.)
+
+k = 0 is plain decoding (S(0) = 1). Everything here is plain Python floats: the engine hands over ints
+and floats once per step (one host sync), and the policy's math costs a few microseconds.
+
+Words: a step drafts k tokens; n of them are *accepted* (the accepted prefix, 0 <= n <= k); position j
+(1-based) is *tested* when the verifier actually looked at it, i.e. j <= n + 1 and j <= k. Drafts after
+the first rejection are never tested; counting them as failures is the censoring trap.
+
+The engine's loop, per step:
+
+    k = policy.next_length()                      # 0: plain decoding
+    ... draft up to k tokens; after each one: if not policy.should_continue(i, q_i): stop
+    ... verify; n accepted of the k_actual drafted
+    policy.observe(k_actual, n, draft_s, verify_s, beta=None or [beta_1, ...])
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "AcceptanceTracker",
+    "CostModel",
+    "DraftPolicy",
+    "ConstantPolicy",
+    "HeuristicPolicy",
+    "AdaptivePolicy",
+    "make_policy",
+    "expected_tokens",
+    "expected_speedup",
+    "ideal_speedup",
+    "best_length",
+]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The formulas (pure functions; the policy and the tests both use them)
+
+
+def _as_float_list(x) -> list[float]:
+    """A sequence, numpy array or torch tensor -> list of Python floats (one host sync for a tensor)."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, numbers.Real):
+        return [float(x)]
+    return [float(v) for v in x]
+
+
+def _position_rates(alphas_or_alpha, k: int) -> list[float]:
+    """alpha (one float, i.i.d.) or per-position rates [alpha_1, alpha_2, ...] -> the first k rates."""
+    if isinstance(alphas_or_alpha, numbers.Real):
+        return [float(alphas_or_alpha)] * k
+    rates = _as_float_list(alphas_or_alpha)
+    if len(rates) < k:
+        raise ValueError(f"need {k} per-position acceptance rates, got {len(rates)}")
+    return rates[:k]
+
+
+def expected_tokens(alphas_or_alpha, k: int) -> float:
+    """tau(k) = 1 + sum_{i<=k} prod_{j<=i} alpha_j: expected tokens emitted per step, the bonus included.
+
+    With one i.i.d. alpha this is (1 - alpha^(k+1)) / (1 - alpha).
+    """
+    tau, run = 1.0, 1.0
+    for a in _position_rates(alphas_or_alpha, k):
+        run *= a
+        tau += run
+    return tau
+
+
+def expected_speedup(
+    alphas_or_alpha,
+    k: int,
+    t_draft: float,
+    t_verify_fn: Callable[[int], float] | None,
+    t_target_1: float,
+) -> float:
+    """S(k) = tau(k) * T_target_1 / (k * T_draft + T_verify(k + 1)), computed directly.
+
+    alphas_or_alpha: one alpha (i.i.d.) or per-position rates (at least k of them)
+    t_draft:         seconds per drafted token
+    t_verify_fn:     n -> seconds for a target forward over n tokens; None: flat, T_verify(n) = T_target_1
+    t_target_1:      seconds for a plain decoding step (target forward over 1 token)
+    """
+    if k < 0:
+        raise ValueError(f"draft length k must be >= 0, got {k}")
+    t_verify = t_target_1 if t_verify_fn is None else float(t_verify_fn(k + 1))
+    return expected_tokens(alphas_or_alpha, k) * t_target_1 / (k * t_draft + t_verify)
+
+
+def ideal_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al. Theorem 3.8: S(k) = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)).
+
+    Assumes i.i.d. acceptance and a verification as cheap as one plain step; alpha == 1 gives
+    (k + 1) / (1 + k c). Benchmarks compare the measured speedup with this bound.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    tau = float(k + 1) if alpha == 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return tau / (1.0 + k * c)
+
+
+def best_length(
+    alphas_or_alpha,
+    max_length: int,
+    t_draft: float,
+    t_verify_fn: Callable[[int], float] | None,
+    t_target_1: float,
+) -> tuple[int, float]:
+    """argmax_{k in 0..max_length} S(k) and its value. Ties go to the shorter draft (k = 0 on a tie).
+
+    S is quasi-concave in k for i.i.d. alpha, but per-position rates and measured T_verify need not be,
+    so this evaluates every k (max_length + 1 values, O(max_length) in all).
+    """
+    rates = _position_rates(alphas_or_alpha, max_length)
+    best_k, best_s = 0, t_target_1 / (t_target_1 if t_verify_fn is None else float(t_verify_fn(1)))
+    tau, run = 1.0, 1.0
+    for k in range(1, max_length + 1):
+        run *= rates[k - 1]
+        tau += run
+        t_verify = t_target_1 if t_verify_fn is None else float(t_verify_fn(k + 1))
+        s = tau * t_target_1 / (k * t_draft + t_verify)
+        if s > best_s:
+            best_k, best_s = k, s
+    return best_k, best_s
+
+
+# ----------------------------------------------------------------------------------------------------
+# Acceptance
+
+
+class AcceptanceTracker:
+    """Censoring-aware, forgetting estimate of the acceptance rate alpha, overall and per position.
+
+    A step with n accepted of k drafted counts n successes and 1[n < k] failures: positions after the
+    first rejection were never tested. Forgetting Beta posterior, one update per step with k > 0:
+
+        a <- lam * a + n            b <- lam * b + 1[n < k]            alpha = a / (a + b)
+
+    (a, b start at `prior`; the window is about 1 / (1 - lam) steps; lam = 1 is the plain MLE plus prior.)
+
+    Per position j = 1..max_positions: tested iff j <= n + 1 and j <= k, a success iff j <= n. Each
+    position keeps forgetting counts (a_j, b_j), all decayed by lam every step, and reports
+    alpha_j = (a_j + m * alpha) / (a_j + b_j + m) with m = sum(prior): a position seldom reached is
+    shrunk towards the overall alpha, and one no longer reached drifts back to it (a stale low alpha_j
+    would otherwise keep the plan below j forever, so j would never be tested again).
+
+    Sampling mode: `beta[j-1] = sum_x min(p_j(x), q_j(x))` is the exact probability that position j would
+    be accepted. For the tested positions it replaces the 0/1 outcome (success mass beta_j, failure mass
+    1 - beta_j): same expectation, much less noise. Whether position j is tested depends only on the
+    positions before it, so this stays unbiased.
+    """
+
+    def __init__(self, forgetting: float = 0.95, max_positions: int = 16, prior: tuple[float, float] = (1.0, 1.0)):
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
+        if max_positions < 1:
+            raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+        a0, b0 = (float(v) for v in prior)
+        if a0 <= 0 or b0 <= 0:
+            raise ValueError(f"prior must be two positive pseudo-counts (a, b), got {prior}")
+        self.forgetting = float(forgetting)
+        self.max_positions = int(max_positions)
+        self.prior = (a0, b0)
+        self.a, self.b = a0, b0
+        self._pos_a = [0.0] * self.max_positions  # [max_positions] success mass at position j
+        self._pos_b = [0.0] * self.max_positions  # [max_positions] failure mass at position j
+        self._steps = 0
+
+    def observe(self, k: int, n: int, beta: Sequence[float] | None = None) -> None:
+        """Record one step: n accepted of k drafted.
+
+        beta: optional acceptance probabilities, one per position (chain) or per depth tried (tree); only
+        the first min(n + 1, k, len(beta)) are used, and it must cover the n accepted ones. For a tree,
+        k may be the node count: a beta of exactly n entries (a leaf was reached, no depth rejected)
+        then counts no failure.
+        """
+        k, n = int(k), int(n)
+        if k < 0 or not 0 <= n <= k:
+            raise ValueError(f"need 0 <= n <= k, got k={k}, n={n}")
+        if k == 0:
+            return  # plain step: nothing was tested
+        tested = min(n + 1, k)
+        if beta is None:
+            outcomes = [1.0] * n + [0.0] * (tested - n)
+        else:
+            b_list = _as_float_list(beta)
+            if len(b_list) < n:
+                raise ValueError(f"beta needs a value for each of the {n} accepted positions, got {len(b_list)}")
+            tested = min(tested, len(b_list))
+            outcomes = b_list[:tested]
+            if any(not 0.0 <= v <= 1.0 for v in outcomes):
+                raise ValueError(f"beta values must lie in [0, 1], got {outcomes}")
+        lam = self.forgetting
+        succ = sum(outcomes)
+        self.a = lam * self.a + succ
+        self.b = lam * self.b + (tested - succ)
+        pa, pb = self._pos_a, self._pos_b
+        for j in range(self.max_positions):
+            pa[j] *= lam
+            pb[j] *= lam
+        for j in range(min(tested, self.max_positions)):
+            pa[j] += outcomes[j]
+            pb[j] += 1.0 - outcomes[j]
+        self._steps += 1
+
+    @property
+    def alpha(self) -> float:
+        """Posterior mean of the per-token acceptance rate."""
+        return self.a / (self.a + self.b)
+
+    @property
+    def per_position(self) -> list[float]:
+        """[max_positions] alpha_j = P(position j accepted | positions < j accepted), shrunk to alpha."""
+        alpha, m = self.alpha, self.prior[0] + self.prior[1]
+        return [(sa + m * alpha) / (sa + sb + m) for sa, sb in zip(self._pos_a, self._pos_b)]
+
+    @property
+    def steps(self) -> int:
+        """Number of steps observed that drafted at least one token."""
+        return self._steps
+
+    def tau(self, k: int) -> float:
+        """Expected tokens per step with k drafted (bonus included), from the per-position rates."""
+        rates = self.per_position
+        rates += [rates[-1]] * max(0, k - len(rates))
+        return expected_tokens(rates, k)
+
+    def to_dict(self) -> dict:
+        return {
+            "alpha": self.alpha,
+            "per_position": self.per_position,
+            "steps": self._steps,
+            "a": self.a,
+            "b": self.b,
+            "forgetting": self.forgetting,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Costs
+
+
+class CostModel:
+    """Measured, smoothed (EMA) costs: seconds per drafted token and seconds per target forward over n tokens.
+
+    x <- (1 - smoothing) * x + smoothing * new; the first measurement of a quantity is taken as is.
+
+    T_verify(n) for an n never measured is interpolated linearly between the nearest measured n on each
+    side, or extrapolated from the two nearest on one side with a slope clamped at >= 0 (a forward over
+    more tokens never costs less). It is never below T_target_1, and T_target_1, when not measured
+    itself, is never below max_n T_verify(n) / n (batching n tokens never costs more than n plain steps).
+    Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
+    """
+
+    DEFAULT_C = 0.1
+
+    def __init__(self, smoothing: float = 0.2):
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.smoothing = float(smoothing)
+        self._draft: float | None = None  # seconds per drafted token
+        self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1.0 - self.smoothing) * old + self.smoothing * new
+
+    def observe_draft(self, num_tokens: int, seconds: float) -> None:
+        """The drafter spent `seconds` proposing `num_tokens` tokens (ignored when num_tokens <= 0)."""
+        if num_tokens > 0 and seconds >= 0:
+            self._draft = self._ema(self._draft, float(seconds) / num_tokens)
+
+    def observe_verify(self, num_tokens_verified: int, seconds: float) -> None:
+        """A target forward over n = num_tokens_verified tokens (k drafted + the root: n = k + 1)."""
+        n = int(num_tokens_verified)
+        if n < 1:
+            raise ValueError(f"a target forward covers at least 1 token, got {n}")
+        if seconds >= 0:
+            self._verify[n] = self._ema(self._verify.get(n), float(seconds))
+
+    def observe_plain(self, seconds: float) -> None:
+        """A plain decoding step: the target forward over one token (T_target_1)."""
+        self.observe_verify(1, seconds)
+
+    @property
+    def measured(self) -> bool:
+        """True once at least one target forward has been timed."""
+        return bool(self._verify)
+
+    def _line(self, n: int, pts: list[tuple[int, float]]) -> float:
+        """Piecewise-linear T_verify(n) through the measured points `pts` (sorted by n, >= 1 point)."""
+        if len(pts) == 1:
+            return pts[0][1]  # one point: assume flat (memory-bound) until a second n is measured
+        if n <= pts[0][0]:
+            (n0, t0), (n1, t1) = pts[0], pts[1]
+        elif n >= pts[-1][0]:
+            (n0, t0), (n1, t1) = pts[-2], pts[-1]
+        else:
+            i = next(i for i in range(1, len(pts)) if pts[i][0] >= n)
+            (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        slope = max(0.0, (t1 - t0) / (n1 - n0))
+        return t0 + slope * (n - n0) if n <= n0 else t1 + slope * (n - n1)
+
+    @property
+    def t_target_1(self) -> float:
+        """Seconds for a plain decoding step (target forward over 1 token)."""
+        if 1 in self._verify:
+            return self._verify[1]
+        if not self._verify:
+            return 1.0
+        pts = sorted(self._verify.items())
+        floor = max(t / n for n, t in pts)
+        return max(self._line(1, pts), floor)
+
+    def t_verify(self, n: int) -> float:
+        """Seconds for a target forward over n tokens: measured if seen, else interpolated (see class doc)."""
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"a target forward covers at least 1 token, got {n}")
+        if n in self._verify:
+            return self._verify[n]
+        t1 = self.t_target_1
+        if n == 1 or not self._verify:
+            return t1
+        return max(self._line(n, sorted(self._verify.items())), t1)
+
+    @property
+    def t_draft(self) -> float:
+        """Seconds per drafted token (DEFAULT_C * T_target_1 until measured)."""
+        return self.DEFAULT_C * self.t_target_1 if self._draft is None else self._draft
+
+    @property
+    def c(self) -> float:
+        """Cost ratio c = T_draft / T_target_1."""
+        return self.t_draft / self.t_target_1
+
+    def to_dict(self) -> dict:
+        return {
+            "t_draft": self.t_draft,
+            "t_target_1": self.t_target_1,
+            "c": self.c,
+            "t_verify": dict(sorted(self._verify.items())),
+        }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Policies
+
+
+@runtime_checkable
+class DraftPolicy(Protocol):
+    """What the engine asks every step.
+
+    max_length:      the largest budget next_length() returns (the engine may size buffers by it)
+    tracker:         the AcceptanceTracker fed by observe() (stats read alpha and tau from it)
+    next_length():   draft budget k for the next step; 0 = plain decoding. The engine may lower it
+                     (remaining tokens, free pages) and must then report the k it actually drafted.
+    should_continue(position, draft_prob): called after drafting token `position` (1-based) with the
+                     draft's probability of that token; False stops drafting this step.
+    observe(k, n, draft_s, verify_s, beta=None): after every step, plain ones included (k = 0): k drafted,
+                     n accepted, seconds spent drafting and in the target forward over k + 1 tokens,
+                     beta = optional per-position acceptance probabilities sum_x min(p_j, q_j) (sampling).
+    """
+
+    max_length: int
+    tracker: AcceptanceTracker
+
+    def next_length(self) -> int: ...
+
+    def should_continue(self, position: int, draft_prob: float) -> bool: ...
+
+    def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None: ...
+
+
+class _BasePolicy:
+    """Shared bookkeeping: every policy keeps a tracker and a cost model so stats can report alpha and c."""
+
+    def __init__(self, max_length: int, tracker: AcceptanceTracker | None, costs: CostModel | None):
+        self.max_length = max_length
+        self.tracker = tracker if tracker is not None else AcceptanceTracker()
+        self.costs = costs if costs is not None else CostModel()
+
+    def should_continue(self, position: int, draft_prob: float) -> bool:
+        return True
+
+    def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
+        self.tracker.observe(k, n, beta)
+        self.costs.observe_draft(k, draft_s)
+        self.costs.observe_verify(k + 1, verify_s)
+
+
+class ConstantPolicy(_BasePolicy):
+    """Always draft k tokens (k = 0: plain decoding)."""
+
+    def __init__(self, k: int, tracker: AcceptanceTracker | None = None, costs: CostModel | None = None):
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"draft_length must be an int >= 0, got {k!r}")
+        super().__init__(int(k), tracker, costs)
+        self.k = int(k)
+
+    def next_length(self) -> int:
+        return self.k
+
+    def __repr__(self) -> str:
+        return f"ConstantPolicy(k={self.k})"
+
+
+class HeuristicPolicy(_BasePolicy):
+    """Hugging Face's `num_assistant_tokens_schedule="heuristic"` (candidate_generator.py):
+
+        if every drafted token was accepted: budget += 2     else: budget = max(1, budget - 1)
+
+    "Every drafted token" compares with the k actually drafted this step, as HF does (it compares with
+    the number of candidates). HF has no upper bound; here `max_length` (None: none) clamps the budget
+    itself, so a drop in acceptance is felt at once instead of after the surplus is worked off. Steps that
+    drafted nothing (k = 0) leave the budget alone.
+    """
+
+    def __init__(
+        self,
+        initial: int = 4,
+        max_length: int | None = None,
+        tracker: AcceptanceTracker | None = None,
+        costs: CostModel | None = None,
+    ):
+        if initial < 1:
+            raise ValueError(f"initial must be >= 1, got {initial}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+        super().__init__(max_length, tracker, costs)
+        self.budget = int(initial) if max_length is None else min(int(initial), max_length)
+
+    def next_length(self) -> int:
+        return self.budget
+
+    def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
+        super().observe(k, n, draft_s, verify_s, beta)
+        if k == 0:
+            return
+        self.budget = self.budget + 2 if n == k else max(1, self.budget - 1)
+        if self.max_length is not None:
+            self.budget = min(self.budget, self.max_length)
+
+    def __repr__(self) -> str:
+        return f"HeuristicPolicy(budget={self.budget}, max_length={self.max_length})"
+
+
+class AdaptivePolicy(_BasePolicy):
+    """Draft the k that maximises the expected speedup, from the tracked alpha_j and the measured costs.
+
+    Plan (next_length): k = argmax_{k in 0..max_length} S(k), S(k) = tau(k) T_1 / (k T_d + T_v(k+1)),
+    tau from the tracker's per-position rates, T from the cost model (see `best_length`).
+
+    Marginal stop (should_continue), a threshold rule (theory.md §1.2, SpecDec++): after drafting token i,
+    one more draft token adds g = P(tokens 1..i+1 all accepted) expected tokens and costs
+    dC = T_d + T_v(i+2) - T_v(i+1). By the renewal-reward argument it pays iff g > S* dC / T_1, with S* the
+    speedup planned for this step (the rate the extra token must beat; comparing with 1, plain decoding,
+    would keep drafting tokens that lower the throughput). g is estimated from the draft's confidence:
+
+        g = prod_{j<=i} cal(q_j) * alpha_{i+1}
+
+    where q_j is the draft's probability of its token j (EAGLE-2: draft confidence tracks acceptance) and
+    cal() is an online calibration of q against the observed outcomes (10 bins, forgetting counts,
+    starting from cal(q) = q), needed in sampling mode where the sampled token's q is not the acceptance
+    probability. Early stops keep the estimate honest because observe() receives the k actually drafted;
+    alpha_j beyond the first position then describe confident drafts, which is what the cap is used for.
+
+    Fallback: when the best k is 0 (speculation loses; with flat verification exactly when alpha <= c),
+    decode plainly and, after every `probe_every` plain steps in a row, draft `probe_length` tokens once so
+    alpha is measured again; speculation resumes by itself when the estimate says it pays.
+    """
+
+    _BINS = 10
+
+    def __init__(
+        self,
+        max_length: int = 8,
+        tracker: AcceptanceTracker | None = None,
+        costs: CostModel | None = None,
+        probe_every: int = 16,
+        probe_length: int = 2,
+        early_stop: bool = True,
+        calibration_prior: float = 4.0,
+    ):
+        if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 1:
+            raise ValueError(f"max_draft_length must be an int >= 1, got {max_length!r}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
+        if probe_length < 1:
+            raise ValueError(f"probe_length must be >= 1, got {probe_length}")
+        if tracker is None:
+            tracker = AcceptanceTracker(max_positions=max(16, int(max_length)))
+        super().__init__(int(max_length), tracker, costs)
+        self.probe_every = int(probe_every)
+        self.probe_length = min(int(probe_length), self.max_length)
+        self.early_stop = bool(early_stop)
+        self.calibration_prior = float(calibration_prior)
+        self._plain_run = 0  # plain steps in a row since the last drafting step
+        self._plan_k, self._plan_s, self._probing = 0, 1.0, False
+        self._rates: list[float] = []  # per-position rates used by the last plan
+        self._p_cum = 1.0  # prod cal(q_j) over this step's drafted tokens
+        self._step_q: list[float] = []  # draft probs reported this step, for calibration
+        self._cal_s = [0.0] * self._BINS  # [bins] forgetting success mass per confidence bin
+        self._cal_n = [0.0] * self._BINS  # [bins] forgetting test mass per confidence bin
+
+    # ---- planning
+
+    def _rates_for_plan(self) -> list[float]:
+        rates = self.tracker.per_position
+        return rates + [rates[-1]] * max(0, self.max_length - len(rates))
+
+    def speedups(self) -> list[float]:
+        """[max_length + 1] expected S(k) for k = 0..max_length under the current estimates."""
+        rates, c = self._rates_for_plan(), self.costs
+        return [expected_speedup(rates, k, c.t_draft, c.t_verify, c.t_target_1) for k in range(self.max_length + 1)]
+
+    def next_length(self) -> int:
+        c = self.costs
+        self._rates = self._rates_for_plan()
+        k, s = best_length(self._rates, self.max_length, c.t_draft, c.t_verify, c.t_target_1)
+        self._probing = k == 0 and self._plain_run + 1 >= self.probe_every
+        if self._probing:
+            k = self.probe_length
+        self._plan_k, self._plan_s = k, s
+        self._p_cum, self._step_q = 1.0, []
+        return k
+
+    # ---- inside a step
+
+    def _calibrated(self, q: float) -> float:
+        i = min(int(q * self._BINS), self._BINS - 1)
+        m = self.calibration_prior
+        return (self._cal_s[i] + m * q) / (self._cal_n[i] + m)
+
+    def should_continue(self, position: int, draft_prob: float) -> bool:
+        q = min(max(float(draft_prob), 0.0), 1.0)
+        if position == 1:
+            self._p_cum, self._step_q = 1.0, []
+        self._step_q.append(q)
+        self._p_cum *= self._calibrated(q)
+        if not self.early_stop or self._probing:
+            return True
+        i = position
+        if i >= self.max_length:
+            return False
+        rates = self._rates or self._rates_for_plan()
+        g = self._p_cum * rates[i]  # rates[i] = alpha_{i+1}
+        c = self.costs
+        d_cost = c.t_draft + c.t_verify(i + 2) - c.t_verify(i + 1)
+        return g * c.t_target_1 > self._plan_s * d_cost
+
+    # ---- after a step
+
+    def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
+        super().observe(k, n, draft_s, verify_s, beta)
+        self._plain_run = self._plain_run + 1 if k == 0 else 0
+        if k > 0 and self._step_q:
+            lam = self.tracker.forgetting
+            for j, q in enumerate(self._step_q[: min(n + 1, k)]):
+                b = min(int(q * self._BINS), self._BINS - 1)
+                self._cal_s[b] = lam * self._cal_s[b] + (1.0 if j < n else 0.0)
+                self._cal_n[b] = lam * self._cal_n[b] + 1.0
+        self._step_q = []
+        self._probing = False
+
+    def to_dict(self) -> dict:
+        return {
+            "tracker": self.tracker.to_dict(),
+            "costs": self.costs.to_dict(),
+            "plan_k": self._plan_k,
+            "plan_speedup": self._plan_s,
+        }
+
+    def __repr__(self) -> str:
+        return f"AdaptivePolicy(max_length={self.max_length}, alpha={self.tracker.alpha:.3f}, c={self.costs.c:.3f})"
+
+
+def make_policy(draft_length="adaptive", max_draft_length: int = 8) -> DraftPolicy:
+    """The `draft_length` option -> a DraftPolicy.
+
+    int k >= 0 -> ConstantPolicy(k) (an explicit k wins over max_draft_length); "adaptive" (the default)
+    -> AdaptivePolicy(max_draft_length); "heuristic" -> HeuristicPolicy(max_length=max_draft_length);
+    a DraftPolicy instance is used as is (its learned state carries over between calls).
+    """
+    choices = "an int >= 0, 'adaptive', 'heuristic', or a specdec.policy.DraftPolicy instance"
+    if isinstance(draft_length, bool):
+        raise ValueError(f"draft_length must be {choices}; got {draft_length!r}")
+    if isinstance(draft_length, numbers.Integral):
+        if draft_length < 0:
+            raise ValueError(f"draft_length must be >= 0 (0 = plain decoding), got {draft_length}")
+        return ConstantPolicy(int(draft_length))
+    if isinstance(draft_length, str):
+        name = draft_length.strip().lower()
+        if name in ("adaptive", "heuristic"):
+            m = max_draft_length
+            if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+                raise ValueError(f"max_draft_length must be an int >= 1, got {max_draft_length!r}")
+            if name == "adaptive":
+                return AdaptivePolicy(max_length=int(max_draft_length))
+            return HeuristicPolicy(initial=min(4, int(max_draft_length)), max_length=int(max_draft_length))
+    elif isinstance(draft_length, DraftPolicy):
+        return draft_length
+    raise ValueError(f"draft_length must be {choices}; got {draft_length!r}")

@@ -1,0 +1,74 @@
+"""What one generation measured: SpecStats. Prefill and decode are reported apart.
+
+Conventions (as vLLM): acceptance_rate = accepted / drafted; mean_accepted_length (tau) = tokens emitted
+per target verification forward, the bonus/correction token included; per_position_acceptance[j] =
+P(draft token j+1 accepted | it was drafted and reached).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    prefill_s: float = 0.0      # target (and model drafter) forward over the prompt
+    ttft_s: float = 0.0         # prefill + choosing the first token
+    decode_s: float = 0.0       # everything after the first token
+    target_forwards: int = 0    # verification forwards (prefill excluded)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    draft_lengths: list[int] = field(default_factory=list)
+    tested_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    tracker: dict | None = None  # the policy's AcceptanceTracker state, when it has one
+
+    @property
+    def tpot_s(self) -> float:
+        """Mean time per output token after the first."""
+        return self.decode_s / max(1, self.new_tokens - 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        total = self.ttft_s + self.decode_s
+        return self.new_tokens / total if total > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        emitted = self.new_tokens - 1  # the first token comes from prefill
+        return emitted / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / t if t else 0.0 for a, t in zip(self.accepted_by_position, self.tested_by_position)]
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.draft_lengths.append(drafted)
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.target_forwards += 1
+        tested = min(drafted, accepted + 1)
+        while len(self.tested_by_position) < tested:
+            self.tested_by_position.append(0)
+            self.accepted_by_position.append(0)
+        for j in range(tested):
+            self.tested_by_position[j] += 1
+            self.accepted_by_position[j] += j < accepted
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("tpot_s", "tokens_per_s", "acceptance_rate", "mean_accepted_length", "per_position_acceptance"):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s | acceptance {self.acceptance_rate:.2f}, "
+                f"tau {self.mean_accepted_length:.2f} | TTFT {self.ttft_s * 1e3:.1f} ms (prefill "
+                f"{self.prefill_s * 1e3:.1f} ms), TPOT {self.tpot_s * 1e3:.2f} ms, decode {self.decode_s:.2f} s")

@@ -1,0 +1,436 @@
+"""Draft-length policy: the tracker, the cost model and the policies, on synthetic acceptance streams.
+
+No models: a step is simulated by drawing per-position acceptances from known rates, so the true alpha,
+the true optimum k* and the true speedups are known exactly.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from specdec.policy import (
+    AcceptanceTracker,
+    AdaptivePolicy,
+    ConstantPolicy,
+    CostModel,
+    DraftPolicy,
+    HeuristicPolicy,
+    best_length,
+    expected_speedup,
+    expected_tokens,
+    ideal_speedup,
+    make_policy,
+)
+
+
+def accepted_prefix(rng, rates, k):
+    """n = length of the accepted prefix when position j is accepted with prob rates[j-1]."""
+    n = 0
+    while n < k and rng.random() < rates[n]:
+        n += 1
+    return n
+
+
+class FixedTracker(AcceptanceTracker):
+    """A tracker whose per-position rates are set by hand (for the argmax tests)."""
+
+    def __init__(self, rates):
+        super().__init__(max_positions=len(rates))
+        self._rates = list(rates)
+
+    @property
+    def alpha(self):
+        return self._rates[0]
+
+    @property
+    def per_position(self):
+        return list(self._rates)
+
+
+def flat_costs(c, t1=0.01, slope=0.0):
+    """A CostModel measured at T_draft = c * t1 and T_verify(n) = t1 * (1 + slope * (n - 1)), n = 1..33."""
+    costs = CostModel()
+    costs.observe_draft(1, c * t1)
+    for n in range(1, 34):
+        costs.observe_verify(n, t1 * (1 + slope * (n - 1)))
+    return costs
+
+
+# ---- formulas
+
+
+def test_ideal_speedup_matches_theory_table():
+    # reference/theory.md §1.2, rows alpha, columns c: (k*, S(k*))
+    table = {
+        0.6: [(6, 2.17), (4, 1.92), (3, 1.67), (2, 1.40)],
+        0.8: [(11, 3.82), (8, 3.09), (6, 2.47), (4, 1.87)],
+        0.9: [(19, 6.37), (13, 4.67), (10, 3.43), (7, 2.37)],
+    }
+    for alpha, row in table.items():
+        for c, (k_star, s_star) in zip((0.02, 0.05, 0.1, 0.2), row):
+            k, s = best_length(alpha, 40, c, None, 1.0)
+            assert k == k_star and round(s, 2) == s_star, (alpha, c, k, s)
+            assert ideal_speedup(alpha, k, c) == pytest.approx(s)
+
+
+def test_ideal_speedup_edges():
+    assert ideal_speedup(1.0, 4, 0.25) == pytest.approx(5 / 2)
+    assert ideal_speedup(0.0, 3, 0.1) == pytest.approx(1 / 1.3)
+    assert ideal_speedup(0.5, 0, 0.1) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        ideal_speedup(1.5, 2, 0.1)
+    # per-position rates all equal to alpha reproduce the closed form
+    for alpha in (0.3, 0.7, 0.99):
+        assert expected_tokens([alpha] * 5, 5) == pytest.approx((1 - alpha**6) / (1 - alpha))
+        assert expected_speedup(alpha, 5, 0.1, None, 1.0) == pytest.approx(ideal_speedup(alpha, 5, 0.1))
+
+
+# ---- tracker
+
+
+@pytest.mark.parametrize("alpha,k", [(0.5, 4), (0.7, 4), (0.9, 6)])
+def test_tracker_removes_censoring_bias(alpha, k):
+    rng = np.random.default_rng(0)
+    tracker = AcceptanceTracker(forgetting=1.0)  # no forgetting: the censored MLE (plus a weak prior)
+    accepted = drafted = 0
+    for _ in range(3000):
+        n = accepted_prefix(rng, [alpha] * k, k)
+        tracker.observe(k, n)
+        accepted, drafted = accepted + n, drafted + k
+    naive = accepted / drafted
+    naive_expected = alpha * (1 - alpha**k) / ((1 - alpha) * k)  # E[N] / k: what accepted/drafted estimates
+    assert naive == pytest.approx(naive_expected, abs=0.02)
+    assert alpha - naive > 0.1  # the naive estimator is badly biased low ...
+    assert tracker.alpha == pytest.approx(alpha, abs=0.015)  # ... ours is not
+    assert tracker.steps == 3000
+
+
+def test_tracker_per_position_rates():
+    rng = np.random.default_rng(1)
+    rates = [0.9, 0.8, 0.6, 0.5]
+    tracker = AcceptanceTracker(forgetting=1.0, max_positions=6)
+    for _ in range(5000):
+        tracker.observe(4, accepted_prefix(rng, rates, 4))
+    est = tracker.per_position
+    assert est[:4] == pytest.approx(rates, abs=0.03)
+    # positions never tested fall back to the overall alpha
+    assert est[4] == pytest.approx(tracker.alpha) and est[5] == pytest.approx(tracker.alpha)
+    assert tracker.tau(4) == pytest.approx(expected_tokens(rates, 4), abs=0.05)
+
+
+def test_tracker_forgetting_tracks_a_change():
+    rng = np.random.default_rng(2)
+    tracker = AcceptanceTracker(forgetting=0.95)
+    history = []
+    for alpha in (0.8, 0.3):
+        for _ in range(400):
+            tracker.observe(4, accepted_prefix(rng, [alpha] * 4, 4))
+            history.append(tracker.alpha)
+    # after burn-in the windowed estimate is unbiased on average for each regime
+    assert np.mean(history[100:400]) == pytest.approx(0.8, abs=0.03)
+    assert np.mean(history[500:800]) == pytest.approx(0.3, abs=0.03)
+
+
+def test_tracker_beta_inputs_less_noise():
+    """Sampling mode: per-position beta ~ Beta(7, 3) (mean 0.7), accepted with prob beta."""
+    rng = np.random.default_rng(3)
+    k, steps = 4, 3000
+    t01, tbeta = AcceptanceTracker(forgetting=0.95), AcceptanceTracker(forgetting=0.95)
+    full01, fullbeta = AcceptanceTracker(forgetting=1.0), AcceptanceTracker(forgetting=1.0)
+    h01, hbeta = [], []
+    for _ in range(steps):
+        betas = rng.beta(7, 3, size=k)
+        n = accepted_prefix(rng, betas, k)
+        for t in (t01, full01):
+            t.observe(k, n)
+        for t in (tbeta, fullbeta):
+            t.observe(k, n, beta=betas)  # only the tested ones are used
+        h01.append(t01.alpha)
+        hbeta.append(tbeta.alpha)
+    assert full01.alpha == pytest.approx(0.7, abs=0.015)
+    assert fullbeta.alpha == pytest.approx(0.7, abs=0.01)
+    assert np.mean(hbeta[100:]) == pytest.approx(0.7, abs=0.01)
+    # same window, much less noise
+    assert np.std(hbeta[100:]) < 0.5 * np.std(h01[100:])
+
+
+def test_tracker_uses_only_tested_betas_and_validates():
+    t = AcceptanceTracker(forgetting=1.0, prior=(1.0, 1.0))
+    t.observe(4, 1, beta=[0.9, 0.2, 0.0, 0.0])  # positions 1, 2 tested
+    assert (t.a, t.b) == pytest.approx((1 + 1.1, 1 + 0.9))
+    t.observe(0, 0)  # plain step: no information
+    assert t.steps == 1
+    with pytest.raises(ValueError):
+        t.observe(3, 4)
+    with pytest.raises(ValueError):
+        t.observe(3, 2, beta=[0.5])  # 2 accepted positions need 2 values
+    # tree: k = 6 nodes, a leaf at depth 2 reached, beta for the 2 depths tried: no failure counted
+    a, b = t.a, t.b
+    t.observe(6, 2, beta=[0.8, 0.6])
+    assert (t.a, t.b) == pytest.approx((a + 1.4, b + 0.6))
+    # greedy verifiers pass a tensor-like beta of 0/1 for all k positions: the same as no beta
+    t2, t3 = AcceptanceTracker(), AcceptanceTracker()
+    t2.observe(4, 1, beta=np.array([1.0, 0.0, 1.0, 1.0], dtype=np.float32))
+    t3.observe(4, 1)
+    assert t2.to_dict() == t3.to_dict()
+    with pytest.raises(ValueError):
+        t.observe(3, 1, beta=[0.5, 1.5])
+    d = t.to_dict()
+    assert set(d) >= {"alpha", "per_position", "steps"} and len(d["per_position"]) == 16
+
+
+# ---- costs
+
+
+def test_cost_model_defaults_and_ema():
+    cm = CostModel(smoothing=0.5)
+    assert cm.t_target_1 == 1.0 and cm.c == pytest.approx(0.1) and cm.t_verify(5) == 1.0
+    cm.observe_plain(0.010)
+    cm.observe_verify(1, 0.020)  # same quantity as observe_plain
+    assert cm.t_target_1 == pytest.approx(0.015)
+    assert cm.c == pytest.approx(0.1)  # draft unknown: c = 0.1
+    cm.observe_draft(4, 0.004)
+    assert cm.t_draft == pytest.approx(0.001) and cm.c == pytest.approx(0.001 / 0.015)
+
+
+def test_cost_model_interpolation():
+    cm = CostModel()
+    cm.observe_plain(0.010)
+    cm.observe_verify(3, 0.012)
+    cm.observe_verify(7, 0.020)
+    assert cm.t_verify(3) == pytest.approx(0.012)
+    assert cm.t_verify(2) == pytest.approx(0.011)  # between 1 and 3
+    assert cm.t_verify(5) == pytest.approx(0.016)  # between 3 and 7
+    assert cm.t_verify(9) == pytest.approx(0.024)  # extrapolated from 3 and 7
+    # noise giving a falling slope never makes a bigger forward cheaper, nor cheaper than T_target_1
+    cm2 = CostModel()
+    cm2.observe_plain(0.010)
+    cm2.observe_verify(3, 0.012)
+    cm2.observe_verify(5, 0.011)
+    assert cm2.t_verify(9) == pytest.approx(0.011)
+    # only n > 1 measured: T_target_1 extrapolated, floored at max T_verify(n) / n
+    cm3 = CostModel()
+    cm3.observe_verify(3, 0.012)
+    assert cm3.t_target_1 == pytest.approx(0.012) and cm3.t_verify(9) == pytest.approx(0.012)
+    cm3.observe_verify(5, 0.020)
+    assert cm3.t_target_1 == pytest.approx(0.004)  # line through (3, 12 ms), (5, 20 ms) at n = 1
+    cm4 = CostModel()
+    cm4.observe_verify(2, 0.010)
+    cm4.observe_verify(4, 0.030)  # line hits 1 at -0.0: the floor 0.030 / 4 wins
+    assert cm4.t_target_1 == pytest.approx(0.0075)
+    with pytest.raises(ValueError):
+        cm.t_verify(0)
+
+
+# ---- adaptive policy: the plan
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.05])
+def test_adaptive_plan_is_bruteforce_argmax(slope):
+    """On a grid of alpha and c (and per-position rates), next_length == argmax of S(k) evaluated by hand."""
+    rng = np.random.default_rng(4)
+    grid = [[a] * 12 for a in (0.05, 0.2, 0.4, 0.6, 0.8, 0.9, 0.97)]
+    grid += [sorted(rng.uniform(0.2, 0.99, 12), reverse=True).copy() for _ in range(5)]
+    for rates in grid:
+        for c in (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8):
+            t1 = 0.01
+            costs = flat_costs(c, t1, slope)
+            policy = AdaptivePolicy(max_length=12, tracker=FixedTracker(rates), costs=costs)
+
+            def S(k):  # by hand, straight from the definition
+                tau = 1 + sum(math.prod(rates[:i]) for i in range(1, k + 1))
+                return tau * t1 / (k * c * t1 + t1 * (1 + slope * k))
+
+            values = [S(k) for k in range(13)]
+            want = int(np.argmax(values))
+            got = policy.next_length()
+            assert got == want or values[got] == pytest.approx(values[want], rel=1e-12), (rates[0], c, got, want)
+            assert policy.speedups() == pytest.approx(values)
+
+
+def test_adaptive_converges_to_optimum_on_stream():
+    """Real tracker + real cost model on a simulated stream: the plan settles at the true k*."""
+    rng = np.random.default_rng(5)
+    for alpha, c, k_star in ((0.8, 0.1, 6), (0.6, 0.2, 2), (0.9, 0.05, 8)):
+        t1 = 0.01
+        policy = AdaptivePolicy(max_length=8, early_stop=False)
+        plans = []
+        for _ in range(600):
+            k = policy.next_length()
+            n = accepted_prefix(rng, [alpha] * k, k)
+            policy.observe(k, n, draft_s=k * c * t1, verify_s=t1)
+            plans.append(k)
+        # the noisy windowed estimate may move the plan by one around a flat optimum
+        assert np.median(plans[200:]) == k_star, (alpha, c, np.bincount(plans[200:]))
+        assert policy.costs.c == pytest.approx(c)
+
+
+# ---- adaptive policy: fallback and probing
+
+
+def test_adaptive_falls_back_and_recovers():
+    rng = np.random.default_rng(6)
+    t1, c = 0.01, 0.3
+    policy = AdaptivePolicy(max_length=8, probe_every=16)
+
+    def run(alpha, steps):
+        ks = []
+        for _ in range(steps):
+            k = policy.next_length()
+            n = accepted_prefix(rng, [alpha] * k, k)
+            policy.observe(k, n, draft_s=k * c * t1, verify_s=t1)
+            ks.append(k)
+        return ks
+
+    bad = run(0.1, 300)  # alpha < c: speculation loses
+    first_zero = bad.index(0)
+    assert first_zero < 30
+    tail = bad[100:]
+    assert tail.count(0) >= 0.9 * len(tail)
+    # the only drafting steps left are the probes, one every probe_every steps
+    probes = [i for i, k in enumerate(tail) if k > 0]
+    assert all(tail[i] == 2 for i in probes)
+    assert len(probes) == pytest.approx(len(tail) / 16, abs=2)
+
+    good = run(0.9, 200)  # alpha recovers: probes see it and speculation resumes
+    resumed = next(i for i in range(len(good)) if all(k > 0 for k in good[i : i + 20]))
+    assert resumed < 80
+    assert np.median(good[150:]) >= 4
+
+
+def test_adaptive_never_speculates_when_drafting_is_too_expensive():
+    # c >= 1: even alpha = 1 cannot pay ((k + 1) / (1 + k c) <= 1)
+    policy = AdaptivePolicy(max_length=8, tracker=FixedTracker([0.999] * 16), costs=flat_costs(1.0))
+    assert policy.next_length() == 0
+
+
+# ---- adaptive policy: marginal stop rule
+
+
+def test_marginal_stop_rule_threshold():
+    t1, c, alpha = 0.01, 0.1, 0.8
+    policy = AdaptivePolicy(max_length=8, tracker=FixedTracker([alpha] * 16), costs=flat_costs(c, t1))
+    k = policy.next_length()
+    s_star = policy.speedups()[k]
+    assert k == 6
+    # continue iff q_1 * alpha_2 > c * S*  (flat verification: dC / T_1 = c)
+    q_edge = c * s_star / alpha
+    assert policy.should_continue(1, q_edge + 0.02)
+    policy.next_length()
+    assert not policy.should_continue(1, q_edge - 0.02)
+    # confident drafts run up to the cap; the cumulative product eventually stops them
+    policy.next_length()
+    decisions = [policy.should_continue(i, 0.95) for i in range(1, 9)]
+    want = [0.95**i * alpha > c * s_star and i < 8 for i in range(1, 9)]
+    assert decisions == want and 3 <= want.count(True) < 8
+    # off switch and probing always continue
+    assert AdaptivePolicy(early_stop=False).should_continue(1, 0.0)
+
+
+def test_marginal_stop_improves_throughput_with_informative_confidence():
+    """Draft confidence q_j ~ Beta(0.5, 0.3) (bimodal, mean 0.625), token j accepted with prob q_j.
+
+    Stopping on low confidence beats the same policy without it, and every constant k.
+    """
+    t1, c = 0.01, 0.1
+
+    def simulate(policy, seed=0, steps=3000):
+        rng = np.random.default_rng(seed)
+        tokens = seconds = 0.0
+        for _ in range(steps):
+            k = policy.next_length()
+            drafted, n, rejected = 0, 0, False
+            for j in range(1, k + 1):
+                q = rng.beta(0.5, 0.3)
+                drafted = j
+                if not rejected and rng.random() < q:
+                    n += 1
+                else:
+                    rejected = True
+                if not policy.should_continue(j, q):
+                    break
+            policy.observe(drafted, n, drafted * c * t1, t1)
+            tokens += n + 1
+            seconds += drafted * c * t1 + t1
+        return tokens / seconds * t1  # speedup over plain decoding
+
+    with_stop = simulate(AdaptivePolicy(max_length=8))
+    without = simulate(AdaptivePolicy(max_length=8, early_stop=False))
+    best_constant = max(simulate(ConstantPolicy(k)) for k in range(1, 9))
+    assert with_stop > 1.03 * without
+    assert with_stop > best_constant
+
+
+# ---- heuristic
+
+
+class HFHeuristic:
+    """Transcription of transformers' AssistedCandidateGenerator.update_candidate_strategy ("heuristic")."""
+
+    def __init__(self, num_assistant_tokens):
+        self.num_assistant_tokens = float(num_assistant_tokens)
+
+    def update(self, num_candidates, num_matches):
+        if num_matches == num_candidates:
+            self.num_assistant_tokens += 2.0
+        else:
+            self.num_assistant_tokens = max(1.0, self.num_assistant_tokens - 1.0)
+
+
+def test_heuristic_matches_hf_rule():
+    rng = np.random.default_rng(8)
+    ours, hf = HeuristicPolicy(initial=4), HFHeuristic(4)
+    for _ in range(500):
+        k = ours.next_length()
+        assert k == int(hf.num_assistant_tokens)
+        n = accepted_prefix(rng, [0.75] * k, k)
+        ours.observe(k, n, 0.0, 0.0)
+        hf.update(k, n)
+    # hand-checked sequence
+    p = HeuristicPolicy(initial=4)
+    seq = []
+    for k_n in [(4, 4), (6, 2), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1)]:
+        assert p.next_length() == k_n[0]
+        p.observe(*k_n, 0.0, 0.0)
+        seq.append(p.next_length())
+    assert seq == [6, 5, 4, 3, 2, 1, 1, 3]
+
+
+def test_heuristic_cap_clamps_budget():
+    p = HeuristicPolicy(initial=4, max_length=6)
+    for _ in range(10):
+        p.observe(p.next_length(), p.next_length(), 0.0, 0.0)
+    assert p.next_length() == 6
+    p.observe(6, 2, 0.0, 0.0)
+    assert p.next_length() == 5  # felt at once, no surplus to work off
+
+
+# ---- make_policy
+
+
+def test_make_policy():
+    assert isinstance(make_policy(3), ConstantPolicy) and make_policy(3).next_length() == 3
+    assert make_policy(0).next_length() == 0
+    assert make_policy(np.int64(2)).next_length() == 2
+    ad = make_policy("adaptive", max_draft_length=5)
+    assert isinstance(ad, AdaptivePolicy) and ad.max_length == 5
+    he = make_policy("heuristic", max_draft_length=6)
+    assert isinstance(he, HeuristicPolicy) and he.max_length == 6
+    assert make_policy(he) is he
+    for p in (make_policy(3), ad, he):
+        assert isinstance(p, DraftPolicy)
+        assert p.should_continue(1, 0.5) in (True, False)
+
+
+@pytest.mark.parametrize("bad", [-1, "fast", 2.5, None, True])
+def test_make_policy_errors(bad):
+    with pytest.raises(ValueError) as e:
+        make_policy(bad)
+    assert "draft_length" in str(e.value)
+    if bad != -1:
+        assert "adaptive" in str(e.value) and "heuristic" in str(e.value)
+
+
+def test_make_policy_bad_max_length():
+    with pytest.raises(ValueError, match="max_draft_length"):
+        make_policy("adaptive", max_draft_length=0)
