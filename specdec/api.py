@@ -90,17 +90,20 @@ def _prompt(target, input_ids) -> torch.Tensor:
 
 
 def _generation_config(target, generation_config, kwargs):
-    """Merge generation_config (or the model's) with kwargs like HF; returns (config, leftover kwargs)."""
+    """Merge generation_config (or the model's) with kwargs like HF.
+
+    Returns (config, leftover kwargs, whether max_length was left at HF's default)."""
     from transformers import GenerationConfig
 
     base = generation_config if generation_config is not None else target.generation_config
     cfg = copy.deepcopy(base) if base is not None else GenerationConfig()
     leftover = cfg.update(**kwargs)
+    default_max_length = cfg.max_length is None  # HF then generates 20 NEW tokens (capped by max positions)
     for key, value in GenerationConfig._get_default_generation_params().items():
         if getattr(cfg, key, None) is None and value is not None:
             setattr(cfg, key, value)
     _check_supported(cfg)
-    return cfg, leftover
+    return cfg, leftover, default_max_length
 
 
 def _check_supported(cfg) -> None:
@@ -114,9 +117,14 @@ def _check_supported(cfg) -> None:
                              "remove it or use the model's own generate()")
 
 
-def _limits_and_sampling(cfg, prompt_len: int, stopping_criteria, target):
+def _limits_and_sampling(cfg, prompt_len: int, stopping_criteria, target, default_max_length: bool):
     if cfg.max_new_tokens is not None:
         max_new = cfg.max_new_tokens
+    elif default_max_length:
+        max_new = cfg.max_length
+        max_pos = max_positions_of(target)
+        if max_pos is not None:
+            max_new = min(max_new, max_pos - prompt_len)
     else:
         max_new = cfg.max_length - prompt_len
     if max_new <= 0:
@@ -156,10 +164,10 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
     if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
         raise ValueError("attention_mask with padding is not supported (batch size 1 needs no padding)")
     kwargs.pop("use_cache", None)
-    cfg, leftover = _generation_config(target, generation_config, kwargs)
+    cfg, leftover, default_max_length = _generation_config(target, generation_config, kwargs)
     if leftover:
         raise ValueError(f"unknown keyword argument(s) for generate: {', '.join(sorted(leftover))}")
-    limits, sampling = _limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target)
+    limits, sampling = _limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
     seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
                                  generator=_generator(engine.device))
     seq = seq[None].to(prompt.device)
