@@ -1,6 +1,7 @@
 """specdec: lossless speculative decoding for Hugging Face causal LMs over a shared paged KV cache."""
+from . import zoo
 from .api import GenerateOutput, SpecModel, generate, hf_custom_generate, wrap
 from .stats import SpecStats
 
-__all__ = ["generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats"]
+__all__ = ["zoo", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats"]
 __version__ = "0.1.0"

@@ -1,6 +1,11 @@
 """Tiny random models built from configs, one per architecture family the core must support."""
 from __future__ import annotations
 
+import os
+
+# Triton kernels run on the CPU through Triton's interpreter; it must be chosen before triton is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

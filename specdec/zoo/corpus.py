@@ -49,3 +49,31 @@ def read_texts(split: str) -> list[str]:
         except (UnicodeDecodeError, OSError):
             continue  # a few stdlib test files are deliberately not UTF-8
     return texts
+
+
+def build_prompts(n: int = 32, chars: int = 600) -> list[dict]:
+    """Held-out prompts: the opening of a function body from held-out modules, cut at a line end.
+
+    Deterministic: the first `def` (at any indentation) after the module's first 20 % of lines, from
+    every held-out module in sorted order, until n prompts. Each prompt ends after the def line and the
+    next few lines, so a continuation must write the rest of the function.
+    """
+    out = []
+    for path in module_files("heldout"):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (UnicodeDecodeError, OSError):
+            continue
+        start = len(lines) // 5
+        for i in range(start, len(lines)):
+            if lines[i].lstrip().startswith("def ") and len(lines) > i + 4:
+                lo = max(0, i - 8)
+                text = "".join(lines[lo:i + 4])
+                if len(text) > chars:
+                    text = text[-chars:]
+                    text = text[text.index("\n") + 1:] if "\n" in text else text
+                out.append({"module": path.relative_to(stdlib_root()).as_posix(), "prompt": text})
+                break
+        if len(out) >= n:
+            break
+    return out

@@ -1,0 +1,157 @@
+"""The `specdec` command: demo, zoo (train / card / list).
+
+Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
+the fix, not a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _load(spec: str, role: str):
+    """A model from a zoo name ('target', 'draft-wide'), a local directory or a hub id."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import zoo
+
+    if spec in zoo.names():
+        return zoo.load(spec)
+    if not Path(spec).exists() and ("/" not in spec or spec.startswith((".", "/"))):
+        raise SystemExit(f"specdec: {role} {spec!r} is neither a zoo model ({', '.join(zoo.names()) or 'none'}) "
+                         "nor an existing directory; pass a zoo name, a local model directory or a hub id")
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32, use_safetensors=True)
+    return model.eval(), AutoTokenizer.from_pretrained(spec)
+
+
+def _sampling_kwargs(a) -> dict:
+    if not a.do_sample:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
+
+
+def cmd_demo(a) -> None:
+    import torch
+    from transformers import TextStreamer
+
+    import specdec
+
+    from . import zoo
+
+    torch.set_num_threads(a.threads)
+    target, tok = _load(a.target, "target")
+    if a.drafter == "ngram":
+        drafter = "ngram"
+    else:
+        drafter, dtok = _load(a.drafter, "drafter")
+        if dtok.get_vocab() != tok.get_vocab():
+            raise SystemExit(f"specdec: the drafter's tokenizer differs from the target's; pick a drafter trained "
+                             "with the same tokenizer (or use --drafter ngram)")
+    prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index]
+    ids = tok(prompt, return_tensors="pt").input_ids
+    draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
+    model = specdec.wrap(target, drafter=drafter, draft_length=draft_length)
+    kw = dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a))
+    # warm up both paths (first calls pay one-off costs), then alternate target-only and specdec
+    target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    model.generate(ids, max_new_tokens=4)
+    base_times, spec_runs = [], []
+    print(f"prompt ({ids.shape[1]} tokens, held-out):\n{prompt}", end="")
+    for r in range(a.repeats):
+        torch.manual_seed(a.seed)
+        t0 = time.perf_counter()
+        base = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+        base_times.append((time.perf_counter() - t0, base.shape[1] - ids.shape[1]))
+        torch.manual_seed(a.seed)
+        streamer = TextStreamer(tok, skip_prompt=True) if (r == 0 and not a.no_stream) else None
+        out = model.generate(ids, return_dict_in_generate=True, streamer=streamer, **kw)
+        if streamer is None and r == 0:
+            print(tok.decode(out.sequences[0, ids.shape[1]:]))
+        spec_runs.append(out)
+    base_tps = statistics.median(n / t for t, n in base_times)
+    s = spec_runs[len(spec_runs) // 2].stats
+    spec_tps = statistics.median(o.stats.tokens_per_s for o in spec_runs)
+    same = torch.equal(spec_runs[0].sequences, base)
+    mean_k = sum(s.draft_lengths) / max(1, len(s.draft_lengths))
+    name = a.drafter if isinstance(a.drafter, str) else "model"
+    print("\n" + "-" * 72)
+    print(f"target {a.target}  drafter {name}  draft_length {a.draft_length}  "
+          f"{'sampling' if a.do_sample else 'greedy'}  ({a.repeats} runs each, alternating; medians)")
+    print(f"  target only (HF generate): {base_tps:7.1f} tokens/s")
+    print(f"  specdec                  : {spec_tps:7.1f} tokens/s   speedup x{spec_tps / base_tps:.2f}")
+    print(f"  acceptance {s.acceptance_rate:.2f}   tau {s.mean_accepted_length:.2f} tokens/forward   "
+          f"draft length used {mean_k:.1f} (mean)")
+    print(f"  TTFT {s.ttft_s * 1e3:.1f} ms (prefill {s.prefill_s * 1e3:.1f} ms)   TPOT {s.tpot_s * 1e3:.2f} ms   "
+          f"decode {s.decode_s:.2f} s (draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s)")
+    if not a.do_sample:
+        print(f"  output identical to target-only greedy: {'yes' if same else 'NO (please report a bug)'}")
+
+
+def cmd_zoo(a) -> None:
+    from . import zoo
+
+    if a.zoo_cmd == "list":
+        for n in zoo.names():
+            c = zoo.card(n)
+            extra = (f"  ppl {c['heldout_ppl']:.1f}" if c else "") + \
+                    (f"  acceptance@4 {c['acceptance_k4']:.2f}  c {c['c']:.2f}" if c.get("acceptance_k4") else "")
+            print(f"{n:12s} {zoo.path(n)}{extra}")
+    elif a.zoo_cmd == "train":
+        from .zoo.train import train_all
+
+        train_all(Path(a.work), Path(a.out), a.seed, a.threads, a.only, a.scale)
+    elif a.zoo_cmd == "card":
+        from .zoo.card import measure, write_cards
+
+        write_cards(measure(a.prompts, a.new_tokens, Path(a.work)))
+
+
+def main(argv=None) -> None:
+    from . import zoo
+
+    ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="generate with and without speculation on the zoo and compare")
+    d.add_argument("--target", default="target", help="zoo name, local directory or hub id")
+    d.add_argument("--drafter", default="draft-wide", help="zoo name, local directory, hub id, or 'ngram'")
+    d.add_argument("--draft-length", default="adaptive", help="an integer, 'adaptive' or 'heuristic'")
+    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--prompt", default=None, help="text to continue (default: a held-out zoo prompt)")
+    d.add_argument("--prompt-index", type=int, default=0)
+    d.add_argument("--do-sample", action="store_true")
+    d.add_argument("--temperature", type=float, default=1.0)
+    d.add_argument("--top-k", type=int, default=50)
+    d.add_argument("--top-p", type=float, default=1.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--threads", type=int, default=2)
+    d.add_argument("--no-stream", action="store_true")
+    z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
+    zs = z.add_subparsers(dest="zoo_cmd", required=True)
+    zs.add_parser("list")
+    t = zs.add_parser("train", help="train tokenizer, target and drafts (hours on CPU; resumable)")
+    t.add_argument("--work", default="zoo_work")
+    t.add_argument("--out", default=str(zoo.MODELS_DIR))
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--only", nargs="*")
+    t.add_argument("--scale", type=float, default=1.0, help="multiply every model's token budget")
+    c = zs.add_parser("card", help="measure the zoo and write the model cards")
+    c.add_argument("--prompts", type=int, default=16)
+    c.add_argument("--new-tokens", type=int, default=64)
+    c.add_argument("--work", default="zoo_work")
+    a = ap.parse_args(argv)
+    try:
+        {"demo": cmd_demo, "zoo": cmd_zoo}[a.cmd](a)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"specdec: {e}") from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Measure the zoo and write one model card per model (README.md + card.json beside the weights).
+
+For every model: parameters, training tokens and time, held-out loss and perplexity (64 fixed windows of
+256 tokens over the held-out modules), the unigram baseline. For every draft against the target, on
+held-out prompts: greedy acceptance rate and tau at k = 4 through the specdec engine, teacher-forced
+per-token agreement, and the per-token latency ratio c (plain decoding in the same engine, alternated).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import MODELS_DIR, load, names, prompts
+from .corpus import EOS, read_texts
+from .train import SEQ_LEN, heldout_loss
+
+
+def _tokens(tok, split: str) -> np.ndarray:
+    eos = tok.convert_tokens_to_ids(EOS)
+    ids: list[int] = []
+    for enc in tok(read_texts(split), add_special_tokens=False)["input_ids"]:
+        ids.extend(enc)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def unigram_loss(train: np.ndarray, heldout: np.ndarray, vocab: int) -> float:
+    counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0  # add-one smoothing
+    logp = np.log(counts / counts.sum())
+    return float(-logp[heldout].mean())
+
+
+def _tpot(model, ids, n=48) -> float:
+    import specdec
+
+    out = specdec.generate(model, ids, drafter=None, draft_length=0, max_new_tokens=n, eos_token_id=None,
+                           return_dict_in_generate=True)
+    return out.stats.tpot_s
+
+
+def measure(num_prompts: int = 16, new_tokens: int = 64, work: Path | None = None) -> dict:
+    import specdec
+
+    torch.set_num_threads(2)
+    target, tok = load("target")
+    ps = prompts(num_prompts)
+    prompt_ids = [tok(p, return_tensors="pt").input_ids for p in ps]
+    heldout = _tokens(tok, "heldout")
+    train_path = (work / "train.npy") if work else None
+    train = np.load(train_path) if train_path and train_path.exists() else _tokens(tok, "train")
+    vocab = target.config.vocab_size
+    results = {"unigram_loss": unigram_loss(train, heldout, vocab), "models": {}}
+    results["unigram_ppl"] = math.exp(results["unigram_loss"])
+    # target greedy continuations, reused for teacher-forced agreement
+    continuations = [specdec.generate(target, ids, max_new_tokens=new_tokens, draft_length=0) for ids in prompt_ids]
+    sample = tok.decode(continuations[0][0, prompt_ids[0].shape[1]:])
+    for name in names():
+        model, _ = (target, tok) if name == "target" else load(name)
+        training = json.loads((MODELS_DIR / name / "training.json").read_text())
+        loss = heldout_loss(model, heldout)
+        rec = {"name": name, "params": sum(p.numel() for p in model.parameters()),
+               "layers": model.config.num_hidden_layers, "hidden": model.config.hidden_size,
+               "train_tokens": training["train_tokens"], "train_seconds": training["train_seconds"],
+               "teacher": training.get("teacher"), "heldout_loss": round(loss, 4),
+               "heldout_ppl": round(math.exp(loss), 2)}
+        if name != "target":
+            drafted = accepted = forwards = emitted = 0
+            agree = total = 0
+            for ids, cont in zip(prompt_ids, continuations):
+                out = specdec.generate(target, ids, drafter=model, draft_length=4, max_new_tokens=new_tokens,
+                                       return_dict_in_generate=True)
+                assert torch.equal(out.sequences, cont), f"{name}: speculative output differs from target greedy"
+                s = out.stats
+                drafted += s.drafted_tokens
+                accepted += s.accepted_tokens
+                forwards += s.target_forwards
+                emitted += s.new_tokens - 1
+                with torch.no_grad():
+                    lg = model(cont).logits[0, ids.shape[1] - 1:-1].argmax(-1)
+                agree += int((lg == cont[0, ids.shape[1]:]).sum())
+                total += cont.shape[1] - ids.shape[1]
+            t_d, t_t = [], []
+            for _ in range(3):  # alternate, side by side
+                t_d.append(_tpot(model, prompt_ids[0]))
+                t_t.append(_tpot(target, prompt_ids[0]))
+            c = statistics.median(t_d) / statistics.median(t_t)
+            rec.update(acceptance_k4=round(accepted / max(1, drafted), 4), tau_k4=round(emitted / max(1, forwards), 3),
+                       token_agreement=round(agree / max(1, total), 4), c=round(c, 3),
+                       sample=tok.decode(specdec.generate(model, prompt_ids[0], max_new_tokens=new_tokens,
+                                                          draft_length=0)[0, prompt_ids[0].shape[1]:]))
+        else:
+            rec["sample"] = sample
+        results["models"][name] = rec
+    results["prompt"] = ps[0]
+    results["num_prompts"], results["new_tokens"] = num_prompts, new_tokens
+    results["measured"] = time.strftime("%Y-%m-%d")
+    return results
+
+
+def write_cards(results: dict) -> None:
+    for name, rec in results["models"].items():
+        d = MODELS_DIR / name
+        (d / "card.json").write_text(json.dumps({**rec, "unigram_loss": results["unigram_loss"]}, indent=2))
+        lines = [f"# specdec zoo: {name}", "",
+                 f"Llama architecture, {rec['layers']} layer(s), hidden {rec['hidden']}, {rec['params'] / 1e6:.2f}M "
+                 f"parameters (tied embeddings), byte-level BPE vocabulary of 4096, trained on the CPython "
+                 f"standard library source (held-out modules excluded; see specdec/zoo/corpus.py).", "",
+                 "| fact | value |", "|---|---|",
+                 f"| training tokens | {rec['train_tokens']:,} |",
+                 f"| training time (CPU, 2 cores) | {rec['train_seconds'] / 60:.1f} min |",
+                 f"| teacher | {rec['teacher'] or 'none (next-token cross-entropy)'} |",
+                 f"| held-out loss | {rec['heldout_loss']:.3f} nats/token |",
+                 f"| held-out perplexity | {rec['heldout_ppl']:.1f} (unigram baseline "
+                 f"{results['unigram_ppl']:.0f}) |"]
+        if name != "target":
+            lines += [f"| greedy acceptance vs target, k = 4 | {rec['acceptance_k4']:.3f} |",
+                      f"| tau (tokens per target forward), k = 4 | {rec['tau_k4']:.2f} |",
+                      f"| teacher-forced per-token agreement | {rec['token_agreement']:.3f} |",
+                      f"| c = per-token latency / target's (this machine) | {rec['c']:.3f} |"]
+        lines += ["", f"Measured {results['measured']} over {results['num_prompts']} held-out prompts, "
+                  f"{results['new_tokens']} new tokens each, by `specdec zoo card`.", "",
+                  "Greedy continuation of the first held-out prompt:", "", "```python", results["prompt"] + rec["sample"],
+                  "```", ""]
+        (d / "README.md").write_text("\n".join(lines))
