@@ -42,11 +42,10 @@ def build(arch: str, seed: int = 0, layers: int | None = None, scale: float | No
     import transformers
 
     cls_name, cfg = _cfgs()[arch]
-    if layers is not None:
-        if hasattr(cfg, "n_layer"):
-            cfg.n_layer = layers
-        else:
-            cfg.num_hidden_layers = layers
+    if layers is not None:  # rebuild the config so derived fields (layer_types, ...) follow the depth
+        key = "n_layer" if hasattr(cfg, "n_layer") else "num_hidden_layers"
+        d = {k: v for k, v in cfg.to_dict().items() if k != "layer_types"}
+        cfg = type(cfg)(**{**d, key: layers})
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(cfg).eval()
     if scale is not None:

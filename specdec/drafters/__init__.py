@@ -1,0 +1,13 @@
+"""Drafters: who proposes the tokens the target verifies.
+
+- ModelDrafter: a small HF causal LM with the target's vocabulary (pass the model as `drafter=`).
+- PromptLookup: n-gram lookup over the context, no second model (`drafter="ngram"`).
+- EarlyExit: the target's own first layers (self-speculation).
+Any object following the `Drafter` protocol (base.py) plugs in the same way.
+"""
+from .base import Draft, DraftContext, Drafter
+from .early_exit import EarlyExit
+from .model import ModelDrafter
+from .ngram import NgramIndex, PromptLookup
+
+__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit"]

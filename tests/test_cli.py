@@ -1,0 +1,38 @@
+"""The `specdec` command as a newcomer meets it: the demo's report, the zoo listing, one-line errors."""
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+def test_demo_reports_speedup_acceptance_and_phases(capsys):
+    main(["demo", "--max-new-tokens", "24", "--repeats", "1", "--no-stream", "--threads", "1"])
+    out = capsys.readouterr().out
+    for needle in ("target only (HF generate)", "specdec", "speedup x", "acceptance", "tau", "TTFT", "prefill",
+                   "TPOT", "decode", "output identical to target-only greedy: yes"):
+        assert needle in out, needle
+
+
+def test_demo_with_ngram_drafter_and_sampling(capsys):
+    main(["demo", "--drafter", "ngram", "--max-new-tokens", "16", "--repeats", "1", "--no-stream", "--do-sample",
+          "--temperature", "0.8", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "sampling" in out and "speedup x" in out
+
+
+def test_zoo_list_names_every_model(capsys):
+    main(["zoo", "list"])
+    out = capsys.readouterr().out
+    for name in ("target", "draft-tiny", "draft-small", "draft-wide"):
+        assert name in out
+
+
+def test_missing_model_is_one_clear_line():
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "demo", "--target", "./no/such/model"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert "neither a zoo model nor an existing directory" in r.stderr.replace("(", "").replace(")", "") or \
+        "is neither a zoo model" in r.stderr

@@ -1,0 +1,96 @@
+"""The shipped zoo: loadable through the public loaders, sane on held-out text, reproducible to train."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec.zoo import corpus
+
+
+def test_zoo_lists_a_target_and_several_drafts():
+    names = specdec.zoo.names()
+    assert names[0] == "target"
+    drafts = [n for n in names if n.startswith("draft")]
+    assert len(drafts) >= 3 and len(names) == len(drafts) + 1
+
+
+@pytest.fixture(scope="module")
+def heldout_text():
+    return "".join(corpus.read_texts("heldout")[:3])
+
+
+@pytest.mark.parametrize("name", ["target", "draft-tiny", "draft-small", "draft-wide"])
+def test_every_model_loads_and_scores_heldout_text_within_its_card(name, heldout_text):
+    model, tok = specdec.zoo.load(name)
+    from transformers import AutoModelForCausalLM
+
+    same = AutoModelForCausalLM.from_pretrained(specdec.zoo.path(name), dtype=torch.float32)
+    assert torch.equal(same.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    ids = tok(heldout_text, return_tensors="pt").input_ids[:, :4 * 256]
+    with torch.no_grad():
+        loss = sum(float(model(w, labels=w).loss) for w in ids.split(256, dim=1)) / 4
+    card = specdec.zoo.card(name)
+    # a broken checkpoint lands far above its card's held-out loss; the bound leaves room for window choice
+    assert loss < card["heldout_loss"] + 0.5, (name, loss, card["heldout_loss"])
+    assert loss < card["unigram_loss"] - 1.0  # far below a unigram model
+
+
+def test_tokenizer_round_trips_heldout_text(heldout_text):
+    _, tok = specdec.zoo.load("draft-tiny")
+    ids = tok(heldout_text, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == heldout_text
+    assert len(ids) < len(heldout_text) / 2.5  # BPE actually compresses code
+
+
+def test_cards_show_the_target_best_and_drafts_that_differ():
+    cards = {n: specdec.zoo.card(n) for n in specdec.zoo.names()}
+    t = cards.pop("target")
+    assert all(t["heldout_loss"] < c["heldout_loss"] for c in cards.values())
+    accs = sorted(c["acceptance_k4"] for c in cards.values())
+    cs = sorted(c["c"] for c in cards.values())
+    assert accs[-1] - accs[0] > 0.05 and cs[-1] - cs[0] > 0.02  # a real choice between drafts
+    assert max(cs) < 0.6  # every draft is clearly cheaper than the target
+
+
+def test_heldout_split_is_whole_modules_never_trained_on():
+    train = {p.as_posix() for p in corpus.module_files("train")}
+    held = {p.as_posix() for p in corpus.module_files("heldout")}
+    assert held and train and not (train & held)
+    assert all("site-packages" not in p for p in train | held)
+    assert 0.02 < len(held) / (len(held) + len(train)) < 0.1
+
+
+def test_zoo_greedy_speculation_is_lossless():
+    target, tok = specdec.zoo.load("target")
+    draft, _ = specdec.zoo.load("draft-small")
+    ids = tok(specdec.zoo.prompts(2)[1], return_tensors="pt").input_ids
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+    out = specdec.generate(target, ids, drafter=draft, draft_length=4, max_new_tokens=40,
+                           return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.accepted_tokens > 0
+
+
+def test_training_is_reproducible(tmp_path):
+    """Same seed -> the same tokenizer as shipped, and the same first logged losses as the shipped log."""
+    from transformers import AutoTokenizer
+
+    from specdec.zoo.tokenizer import train_tokenizer
+    from specdec.zoo.train import TrainArgs, prepare_corpus, train
+
+    retrained = train_tokenizer(tmp_path / "tokenizer")
+    shipped = AutoTokenizer.from_pretrained(specdec.zoo.path("target"))
+    assert retrained.get_vocab() == shipped.get_vocab()
+    a = json.loads(retrained.backend_tokenizer.to_str())["model"]["merges"]
+    b = json.loads(shipped.backend_tokenizer.to_str())["model"]["merges"]
+    assert a == b
+    prepare_corpus(tmp_path)
+    train(TrainArgs(name="target", work=tmp_path, out=tmp_path / "out", tokens=10 * 16 * 256, log_every=10))
+    got = [json.loads(line) for line in (tmp_path / "target" / "log.jsonl").read_text().splitlines()]
+    want = [json.loads(line) for line in (specdec.zoo.path("target") / "training_log.jsonl").read_text().splitlines()]
+    want = {r["step"]: r["loss"] for r in want}
+    for rec in got:
+        assert math.isclose(rec["loss"], want[rec["step"]], abs_tol=2e-3), rec
