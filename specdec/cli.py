@@ -1,4 +1,4 @@
-"""The `specdec` command: demo, zoo (train / card / list).
+"""The `specdec` command: demo, bench, select-draft, zoo (train / card / list).
 
 Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
 the fix, not a traceback.
@@ -44,13 +44,7 @@ def cmd_demo(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    if a.drafter == "ngram":
-        drafter = "ngram"
-    else:
-        drafter, dtok = _load(a.drafter, "drafter")
-        if dtok.get_vocab() != tok.get_vocab():
-            raise SystemExit(f"specdec: the drafter's tokenizer differs from the target's; pick a drafter trained "
-                             "with the same tokenizer (or use --drafter ngram)")
+    drafter = _drafter_arg(a.drafter, tok)
     prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index]
     ids = tok(prompt, return_tensors="pt").input_ids
     draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
@@ -89,6 +83,70 @@ def cmd_demo(a) -> None:
           f"decode {s.decode_s:.2f} s (draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s)")
     if not a.do_sample:
         print(f"  output identical to target-only greedy: {'yes' if same else 'NO (please report a bug)'}")
+
+
+def _drafter_arg(spec: str, tok):
+    if spec == "ngram":
+        return "ngram"
+    drafter, dtok = _load(spec, "drafter")
+    if dtok.get_vocab() != tok.get_vocab():
+        raise SystemExit(f"specdec: the drafter {spec!r} uses a different tokenizer from the target's; pick a "
+                         "drafter trained with the same tokenizer (or use --drafter ngram)")
+    return drafter
+
+
+def cmd_bench(a) -> None:
+    import json
+
+    import torch
+
+    from .bench import load_prompts, run_bench, to_markdown
+
+    torch.set_num_threads(a.threads)
+    target, tok = _load(a.target, "target")
+    draft = _drafter_arg(a.drafter, tok)
+    prompts = load_prompts(tok, a.prompts, a.num_prompts)
+    report = run_bench(target, None if draft == "ngram" else draft, prompts, a.max_new_tokens, a.k, a.repeats,
+                       _sampling_kwargs(a), include_hf=not a.no_hf)
+    report.update(target=a.target, drafter=a.drafter, prompts=a.prompts or "zoo held-out",
+                  num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats)
+    md = to_markdown(report)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
+    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target}, drafter {a.drafter}, "
+                                      f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
+                                      f"k = {a.k}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
+    print(md)
+    bad = [m for m, r in report["modes"].items() if r["mismatches"]]
+    if bad:
+        print(f"\nWARNING: greedy output differs from target-only in: {', '.join(bad)}")
+
+
+def cmd_select(a) -> None:
+    import torch
+
+    from . import zoo
+    from .bench import load_prompts
+    from .select import select_draft, write_report
+
+    torch.set_num_threads(a.threads)
+    target, tok = _load(a.target, "target")
+    names = a.drafts or [n for n in zoo.names() if n.startswith("draft")]
+    drafts = {}
+    for n in names:
+        model, dtok = _load(n, "draft")
+        if dtok.get_vocab() != tok.get_vocab():
+            print(f"specdec: skipping {n}: its tokenizer differs from the target's")
+            continue
+        drafts[n] = model
+    temps = [float(t) for t in a.temperatures.split(",")]
+    report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
+                          a.max_new_tokens)
+    files = write_report(report, Path(a.out), temps)
+    print((Path(a.out) / "report.md").read_text())
+    print("wrote " + ", ".join(str(f) for f in files))
 
 
 def cmd_zoo(a) -> None:
@@ -130,6 +188,31 @@ def main(argv=None) -> None:
     d.add_argument("--repeats", type=int, default=3)
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--no-stream", action="store_true")
+    b = sub.add_parser("bench", help="target-only vs HF assisted vs specdec modes, side by side")
+    b.add_argument("--target", default="target")
+    b.add_argument("--drafter", default="draft-wide")
+    b.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' field (default: zoo held-out)")
+    b.add_argument("--num-prompts", type=int, default=4)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--k", type=int, default=4)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--no-hf", action="store_true", help="skip HF assisted generation and prompt lookup")
+    b.add_argument("--out", default="benchmarks/results/bench")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--do-sample", action="store_true")
+    b.add_argument("--temperature", type=float, default=1.0)
+    b.add_argument("--top-k", type=int, default=50)
+    b.add_argument("--top-p", type=float, default=1.0)
+    s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
+    s.add_argument("--target", default="target")
+    s.add_argument("--drafts", nargs="*", help="zoo names, directories or hub ids (default: every zoo draft)")
+    s.add_argument("--prompts", default=None)
+    s.add_argument("--num-prompts", type=int, default=3)
+    s.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
+    s.add_argument("--max-k", type=int, default=6)
+    s.add_argument("--max-new-tokens", type=int, default=64)
+    s.add_argument("--out", default="benchmarks/results/select_draft")
+    s.add_argument("--threads", type=int, default=2)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list")
@@ -146,7 +229,7 @@ def main(argv=None) -> None:
     c.add_argument("--work", default="zoo_work")
     a = ap.parse_args(argv)
     try:
-        {"demo": cmd_demo, "zoo": cmd_zoo}[a.cmd](a)
+        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "zoo": cmd_zoo}[a.cmd](a)
     except (ValueError, OSError) as e:
         raise SystemExit(f"specdec: {e}") from None
     except KeyboardInterrupt:

@@ -46,6 +46,14 @@ class SpecStats:
         return emitted / self.target_forwards if self.target_forwards else 0.0
 
     @property
+    def alpha(self) -> float:
+        """Per-token acceptance without the censoring bias: accepted / (accepted + first rejections).
+
+        Positions after a step's first rejection were never tested, so they count neither way."""
+        tested = sum(self.tested_by_position)
+        return sum(self.accepted_by_position) / tested if tested else 0.0
+
+    @property
     def per_position_acceptance(self) -> list[float]:
         return [a / t if t else 0.0 for a, t in zip(self.accepted_by_position, self.tested_by_position)]
 
@@ -64,7 +72,8 @@ class SpecStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("tpot_s", "tokens_per_s", "acceptance_rate", "mean_accepted_length", "per_position_acceptance"):
+        for name in ("tpot_s", "tokens_per_s", "acceptance_rate", "alpha", "mean_accepted_length",
+                     "per_position_acceptance"):
             d[name] = getattr(self, name)
         return d
 

@@ -1,0 +1,163 @@
+"""`specdec bench`: every way to generate, side by side in ONE process, alternating, with warm-up.
+
+Modes: target-only (HF generate), HF assisted generation with the same draft (fixed k, and HF's
+heuristic schedule), HF prompt lookup, and specdec (fixed k, adaptive, n-gram, tree when given).
+Per mode: tokens/s (median, min-max), speedup vs target-only and vs HF assisted at its best setting,
+alpha, tau, mean draft length, TTFT, TPOT, prefill and decode time, peak memory, and the fraction of
+the ideal speedup S = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)) reached from measured alpha and c.
+Greedy modes are checked token for token against target-only output; a mismatch is reported loudly.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .policy import ideal_speedup
+
+
+@dataclass
+class ModeResult:
+    name: str
+    tokens_per_s: list[float] = field(default_factory=list)
+    stats: list = field(default_factory=list)
+    mismatches: int = 0
+
+
+def _hf_mode(target, n, **extra):
+    def run(ids, kw):
+        t0 = time.perf_counter()
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, **kw, **extra)
+        return out, time.perf_counter() - t0, None
+    return run
+
+
+def _spec_mode(model, n):
+    def run(ids, kw):
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, return_dict_in_generate=True, **kw)
+        return out.sequences, time.perf_counter() - t0, out.stats
+    return run
+
+
+def build_modes(target, draft, n: int, k: int, tree=None, include_hf: bool = True) -> dict:
+    import specdec
+
+    modes = {"target-only": _hf_mode(target, n)}
+    if include_hf and draft is not None:
+        import copy
+
+        fixed = copy.copy(draft)
+        fixed.generation_config = copy.deepcopy(draft.generation_config)
+        fixed.generation_config.num_assistant_tokens = k
+        fixed.generation_config.num_assistant_tokens_schedule = "constant"
+        fixed.generation_config.assistant_confidence_threshold = 0.0
+        heur = copy.copy(draft)
+        heur.generation_config = copy.deepcopy(draft.generation_config)
+        heur.generation_config.num_assistant_tokens_schedule = "heuristic"
+        modes[f"HF assisted k={k}"] = _hf_mode(target, n, assistant_model=fixed)
+        modes["HF assisted heuristic"] = _hf_mode(target, n, assistant_model=heur)
+    if include_hf:
+        modes["HF prompt lookup"] = _hf_mode(target, n, prompt_lookup_num_tokens=k)
+    if draft is not None:
+        modes[f"specdec k={k}"] = _spec_mode(specdec.wrap(target, drafter=draft, draft_length=k), n)
+        modes["specdec adaptive"] = _spec_mode(specdec.wrap(target, drafter=draft), n)
+        if tree is not None:
+            modes["specdec tree"] = _spec_mode(specdec.wrap(target, drafter=draft, tree=tree, draft_length=k), n)
+    modes["specdec ngram"] = _spec_mode(specdec.wrap(target, drafter="ngram"), n)
+    return modes
+
+
+def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k: int = 4, repeats: int = 3,
+              sampling: dict | None = None, tree=None, include_hf: bool = True, progress: bool = True) -> dict:
+    """prompts: list of [1, T] int64. Returns the report dict (also what `specdec bench` writes as JSON)."""
+    from tqdm import tqdm
+
+    kw = dict(sampling or {"do_sample": False})
+    greedy = not kw.get("do_sample", False)
+    modes = build_modes(target, draft, n, k, tree, include_hf)
+    for run in modes.values():  # warm-up: first calls pay one-off costs
+        run(prompts[0][:, :16], kw)
+    results = {name: ModeResult(name) for name in modes}
+    refs = {}
+    bar = tqdm(total=repeats * len(prompts) * len(modes), desc="bench", disable=not progress, dynamic_ncols=True)
+    for r in range(repeats):
+        for i, ids in enumerate(prompts):
+            for name, run in modes.items():
+                torch.manual_seed(1000 * r + i)
+                seq, dt, stats = run(ids, kw)
+                res = results[name]
+                res.tokens_per_s.append((seq.shape[1] - ids.shape[1]) / dt)
+                if stats is not None:
+                    res.stats.append(stats)
+                if greedy:
+                    if name == "target-only":
+                        refs[i] = seq
+                    elif not torch.equal(seq, refs[i]):
+                        res.mismatches += 1
+                bar.update(1)
+    bar.close()
+    return summarise(results, k, greedy)
+
+
+def summarise(results: dict, k: int, greedy: bool) -> dict:
+    base = statistics.median(results["target-only"].tokens_per_s)
+    hf_best = max((statistics.median(r.tokens_per_s) for n, r in results.items() if n.startswith("HF assisted")),
+                  default=None)
+    base_tpot = 1.0 / base
+    out = {"k": k, "greedy": greedy, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "modes": {}}
+    for name, res in results.items():
+        tps = statistics.median(res.tokens_per_s)
+        row = {"tokens_per_s": tps, "min": min(res.tokens_per_s), "max": max(res.tokens_per_s),
+               "speedup": tps / base, "vs_hf_assisted_best": tps / hf_best if hf_best else None,
+               "mismatches": res.mismatches}
+        if res.stats:
+            st = res.stats
+            mean = lambda f: statistics.mean(f(s) for s in st)  # noqa: E731
+            alpha = mean(lambda s: s.alpha)
+            drafted = sum(s.drafted_tokens for s in st)
+            k_used = drafted / max(1, sum(s.target_forwards for s in st))
+            c = (sum(s.draft_s for s in st) / drafted) / base_tpot if drafted else 0.0
+            ideal = ideal_speedup(alpha, max(1, round(k_used)), c) if drafted else 1.0
+            row.update(alpha=alpha, acceptance_rate=mean(lambda s: s.acceptance_rate),
+                       tau=mean(lambda s: s.mean_accepted_length), draft_length=k_used, c=c,
+                       ttft_s=mean(lambda s: s.ttft_s), tpot_s=mean(lambda s: s.tpot_s),
+                       prefill_s=mean(lambda s: s.prefill_s), decode_s=mean(lambda s: s.decode_s),
+                       draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
+                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal)
+        out["modes"][name] = row
+    return out
+
+
+def to_markdown(report: dict) -> str:
+    f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"  # noqa: E731
+    lines = ["| mode | tokens/s | min-max | speedup | vs HF assisted (best) | alpha | tau | k used | TTFT ms | "
+             "TPOT ms | prefill ms | decode s | % of ideal | greedy mismatches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in report["modes"].items():
+        lines.append(
+            f"| {name} | {r['tokens_per_s']:.1f} | {r['min']:.1f}-{r['max']:.1f} | {r['speedup']:.2f} | "
+            f"{f(r['vs_hf_assisted_best'])} | {f(r.get('alpha'))} | {f(r.get('tau'))} | {f(r.get('draft_length'), 1)} | "
+            f"{f(r.get('ttft_s') and r['ttft_s'] * 1e3, 1)} | {f(r.get('tpot_s') and r['tpot_s'] * 1e3)} | "
+            f"{f(r.get('prefill_s') and r['prefill_s'] * 1e3, 1)} | {f(r.get('decode_s'))} | "
+            f"{f(r.get('fraction_of_ideal') and 100 * r['fraction_of_ideal'], 0)} | "
+            f"{'**' + str(r['mismatches']) + '**' if r['mismatches'] else 0} |")
+    return "\n".join(lines)
+
+
+def load_prompts(tok, path: str | None, n: int) -> list[torch.Tensor]:
+    from . import zoo
+
+    if path:
+        texts = [json.loads(line)["prompt"] for line in Path(path).read_text().splitlines() if line.strip()][:n]
+    else:
+        texts = zoo.prompts(n)
+    if not texts:
+        raise ValueError(f"no prompts found in {path}: expected JSON lines with a 'prompt' field")
+    return [tok(t, return_tensors="pt").input_ids for t in texts]

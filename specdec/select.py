@@ -1,0 +1,178 @@
+"""`specdec select-draft`: which draft, which k, for this target? Predict from measured acceptance and
+costs, then check the prediction against measured speedups.
+
+Per draft and temperature: per-position acceptance alpha_j (censoring-free), alpha, tau, c (draft time
+per token / target time per token), the predicted speedup S(k) = tau(k) T_1 / (k T_draft + T_verify(k+1))
+with T_verify measured for every n on the target, the measured speedup at each k (specdec vs plain
+decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
+below 1 is not swept (stopped early). Writes report.json, report.md and PNG plots.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .policy import expected_speedup
+
+
+def _verify_costs(target, ids, max_n: int, reps: int = 5) -> dict[int, float]:
+    """Seconds for one target forward over n new tokens after the prompt, n = 1..max_n (medians)."""
+    from .cache.pool import BlockTable, PagePool
+    from .hf.attention import specdec_attention
+    from .hf.runner import ModelRunner
+
+    pool = PagePool(-(-(ids.shape[1] + max_n + 1) // 16) + 1, 16)
+    table = BlockTable(pool)
+    runner = ModelRunner(target, pool, table)
+    costs = {}
+    with specdec_attention(target):
+        runner.forward(ids[0], logits_rows=1)
+        L = runner.valid
+        for n in range(1, max_n + 1):
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                runner.forward(ids[0, :n])
+                times.append(time.perf_counter() - t0)
+                runner.rollback(L)
+            costs[n] = statistics.median(times)
+    table.release()
+    return costs
+
+
+def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures=(0.0,), max_k: int = 6,
+                 new_tokens: int = 64, progress: bool = True) -> dict:
+    """drafts: {name: model}. prompts: [1, T] int64 each. Returns the report dict."""
+    from tqdm import tqdm
+
+    import specdec
+
+    from .drafters.model import vocab_size_of
+
+    t_verify = _verify_costs(target, prompts[0], max_k + 1)
+    report = {"t_verify_s": t_verify, "drafts": {}, "skipped": {}}
+    ok = {}
+    for name, model in drafts.items():
+        if vocab_size_of(model) != vocab_size_of(target):
+            report["skipped"][name] = (f"vocabulary size {vocab_size_of(model)} differs from the target's "
+                                       f"{vocab_size_of(target)}")
+        else:
+            ok[name] = model
+    bar = tqdm(total=len(ok) * len(temperatures), desc="select-draft", disable=not progress)
+    for name, model in ok.items():
+        per_temp = {}
+        for temp in temperatures:
+            sampling = {"do_sample": temp > 0, **({"temperature": temp} if temp > 0 else {})}
+            plain = specdec.wrap(target, drafter=None, draft_length=0)
+            probe = specdec.wrap(target, drafter=model, draft_length=max_k)
+            stats = [probe.generate(p, max_new_tokens=new_tokens, return_dict_in_generate=True, **sampling).stats
+                     for p in prompts]
+            tested = [sum(s.tested_by_position[j] for s in stats if j < len(s.tested_by_position))
+                      for j in range(max_k)]
+            acc = [sum(s.accepted_by_position[j] for s in stats if j < len(s.accepted_by_position))
+                   for j in range(max_k)]
+            alphas = [a / t if t else 0.0 for a, t in zip(acc, tested)]
+            t_draft = sum(s.draft_s for s in stats) / max(1, sum(s.drafted_tokens for s in stats))
+            t1 = t_verify[1]
+            predicted = {k: expected_speedup(alphas, k, t_draft, lambda n: t_verify[n], t1) for k in range(max_k + 1)}
+            rec = {"per_position_acceptance": alphas, "alpha": sum(acc) / max(1, sum(tested)),
+                   "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t1,
+                   "predicted_speedup": predicted}
+            best_pred = max(predicted, key=predicted.get)
+            if max(predicted[k] for k in range(1, max_k + 1)) < 0.9:
+                rec["stopped_early"] = "predicted speedup below 0.9 at every k >= 1: not swept"
+                rec["measured_speedup"] = {}
+            else:
+                measured = {}
+                for k in range(1, max_k + 1):
+                    spec = specdec.wrap(target, drafter=model, draft_length=k)
+                    ratios = []
+                    for p in prompts:
+                        torch.manual_seed(0)
+                        t0 = time.perf_counter()
+                        plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                        tb = time.perf_counter() - t0
+                        torch.manual_seed(0)
+                        t0 = time.perf_counter()
+                        spec.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                        ratios.append(tb / (time.perf_counter() - t0))
+                    measured[k] = statistics.median(ratios)
+                rec["measured_speedup"] = measured
+            rec["best_k_predicted"] = best_pred
+            if rec["measured_speedup"]:
+                rec["best_k_measured"] = max(rec["measured_speedup"], key=rec["measured_speedup"].get)
+                errs = [abs(predicted[k] - m) / m for k, m in rec["measured_speedup"].items()]
+                rec["prediction_error_max"] = max(errs)
+                rec["prediction_error_mean"] = statistics.mean(errs)
+            per_temp[str(temp)] = rec
+            bar.update(1)
+        report["drafts"][name] = per_temp
+    bar.close()
+
+    def score(name):
+        rec = report["drafts"][name][str(temperatures[0])]
+        return max(rec["measured_speedup"].values()) if rec["measured_speedup"] else max(rec["predicted_speedup"].values())
+
+    report["ranking"] = sorted(report["drafts"], key=score, reverse=True)
+    return report
+
+
+def write_report(report: dict, out_dir: Path, temperatures) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    lines = ["# Draft selection", "", "| rank | draft | temperature | alpha | tau@max_k | c | best k (pred / meas) | "
+             "predicted best | measured best | max prediction error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rank, name in enumerate(report["ranking"], 1):
+        for temp, r in report["drafts"][name].items():
+            pb = max(r["predicted_speedup"].values())
+            mb = max(r["measured_speedup"].values()) if r["measured_speedup"] else None
+            err = r.get("prediction_error_max")
+            lines.append(f"| {rank} | {name} | {temp} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} | "
+                         f"{r['best_k_predicted']} / {r.get('best_k_measured', '-')} | {pb:.2f} | "
+                         f"{'stopped early' if mb is None else f'{mb:.2f}'} | "
+                         f"{'' if err is None else f'{100 * err:.0f} %'} |")
+    for name, why in report["skipped"].items():
+        lines.append(f"\nSkipped {name}: {why}")
+    files = [out_dir / "report.json", out_dir / "report.md"]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        lines.append("\n(plots skipped: `pip install specdec[plot]` for matplotlib)")
+    else:
+        t0 = str(temperatures[0])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name in report["ranking"]:
+            a = report["drafts"][name][t0]["per_position_acceptance"]
+            ax.plot(range(1, len(a) + 1), a, marker="o", label=name)
+        ax.set(xlabel="draft position", ylabel="acceptance (censoring-free)", title="Acceptance by position",
+               ylim=(0, 1))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "acceptance_by_position.png", dpi=100)
+        plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for i, name in enumerate(report["ranking"]):
+            r = report["drafts"][name][t0]
+            color = f"C{i}"
+            ks = sorted(int(k) for k in r["predicted_speedup"])
+            ax.plot(ks, [r["predicted_speedup"][k] for k in ks], "--", color=color, label=f"{name} predicted")
+            if r["measured_speedup"]:
+                mk = sorted(int(k) for k in r["measured_speedup"])
+                ax.plot(mk, [r["measured_speedup"][k] for k in mk], "-o", color=color, label=f"{name} measured")
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set(xlabel="draft length k", ylabel="speedup vs plain decoding", title="Speedup vs k")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / "speedup_vs_k.png", dpi=100)
+        plt.close(fig)
+        files += [out_dir / "acceptance_by_position.png", out_dir / "speedup_vs_k.png"]
+        lines += ["", "![acceptance](acceptance_by_position.png)", "", "![speedup](speedup_vs_k.png)"]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    return files

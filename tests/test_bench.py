@@ -1,0 +1,33 @@
+"""`specdec bench` and `specdec select-draft` on a tiny configuration: the files and fields they promise."""
+import json
+
+from specdec.cli import main
+
+
+def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
+    out = tmp_path / "bench"
+    main(["bench", "--drafter", "draft-tiny", "--num-prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
+          "--out", str(out), "--threads", "1"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    modes = report["modes"]
+    for m in ("target-only", "HF assisted k=4", "HF assisted heuristic", "HF prompt lookup", "specdec k=4",
+              "specdec adaptive", "specdec ngram"):
+        assert m in modes and modes[m]["tokens_per_s"] > 0
+        assert modes[m]["mismatches"] == 0  # greedy modes reproduce target-only output
+    for field in ("alpha", "tau", "draft_length", "ttft_s", "tpot_s", "prefill_s", "decode_s", "fraction_of_ideal"):
+        assert field in modes["specdec k=4"]
+    assert "| specdec adaptive |" in out.with_suffix(".md").read_text()
+
+
+def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
+    main(["select-draft", "--drafts", "draft-tiny", "draft-wide", "--num-prompts", "1", "--max-k", "2",
+          "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(report["ranking"]) == ["draft-tiny", "draft-wide"]
+    for name in report["ranking"]:
+        rec = report["drafts"][name]["0.0"]
+        assert len(rec["per_position_acceptance"]) == 2 and 0 <= rec["alpha"] <= 1 and rec["c"] > 0
+        assert set(rec["predicted_speedup"]) == {"0", "1", "2"}
+    for png in ("acceptance_by_position.png", "speedup_vs_k.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
