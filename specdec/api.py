@@ -148,13 +148,14 @@ def _generator(device) -> torch.Generator:
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact"):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
-    if tree is not None:
-        raise ValueError("tree= is not supported yet: token trees land with the tree issue; use a chain (tree=None)")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
         raise ValueError(f"draft_length must be >= 0, 'adaptive' or 'heuristic', got {draft_length}")
+    if tree is not None and isinstance(draft_length, int) and not isinstance(draft_length, bool):
+        raise ValueError(f"draft_length={draft_length} sets a chain's length; with tree={tree!r} the TreeSpec sets "
+                         "the node budget: pass one of the two")
     target.eval()
     return Engine(target, _resolve_drafter(target, drafter), make_policy(draft_length, max_draft_length),
-                  acceptance=acceptance)
+                  acceptance=acceptance, tree=tree)
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
@@ -182,7 +183,8 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
 
     input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
     return_dict_in_generate=True. drafter: a PreTrainedModel sharing the vocabulary, a Drafter, 'ngram' or
-    None (plain decoding through the same engine).
+    None (plain decoding through the same engine). tree: None (draft a chain) or a specdec.TreeSpec (draft a
+    token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram').
     """
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
     return _run(engine, input_ids, **kwargs)

@@ -7,6 +7,10 @@ it ends by an exception.
 Vocabulary: the *context* is every committed token; its last token, the *root*, is committed but not
 yet run through the target (its KV is missing). A step runs the target over [root, draft nodes] in one
 forward, keeps the accepted path's KV, and commits accepted tokens + one correction/bonus token.
+
+Chains or trees: without a TreeSpec the policy sets the chain length each step; with one (`tree=`) the
+drafter proposes a tree of the spec's shape, its depth cut so that the step can emit no more tokens
+than are left (a tree of depth d emits at most d + 1) and no position passes the model's last.
 """
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ import torch
 
 from .cache.pool import BlockTable, PagePool
 from .drafters.base import Draft, DraftContext
+from .drafters.ngram import PromptLookup
 from .hf.attention import specdec_attention
 from .hf.runner import ModelRunner, max_positions_of
 from .processing import LogitsPipeline
 from .stats import SpecStats
-from .tree import ancestor_mask_with_root, depths, is_chain, path_to
+from .tree import TreeSpec, ancestor_mask_with_root, depths, is_chain, path_to, subtree_parents
 from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
 from .verifiers.sampling import SamplingParams, probs_from_scores, sample
 
@@ -40,7 +45,13 @@ class Engine:
     """Runs one generation at a time for a (target, drafter, policy)."""
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
-                 tree_with_replacement: bool = False, acceptance: str = "exact"):
+                 tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None):
+        if tree is not None:
+            if not isinstance(tree, TreeSpec):
+                raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
+            if not hasattr(drafter, "propose_tree"):
+                raise ValueError(f"tree={tree!r} needs a drafter that proposes token trees (a draft model or "
+                                 f"'ngram'); {type(drafter).__name__} has no propose_tree")
         self.target = target
         self.drafter = drafter
         self.policy = policy
@@ -49,6 +60,7 @@ class Engine:
         self.kernel = (self.device.type == "cuda") if kernel is None else kernel
         self.tree_with_replacement = tree_with_replacement
         self.acceptance = acceptance
+        self.tree = tree
         self.pool: PagePool | None = None
 
     def _pool_for(self, tokens: int) -> PagePool:
@@ -66,6 +78,8 @@ class Engine:
         prompt = input_ids.to(self.device)
         T = prompt.numel()
         max_draft = getattr(self.policy, "max_length", 8)
+        if self.tree is not None:
+            max_draft = max(max_draft, self.tree.max_slots)
         pool = self._pool_for(T + limits.max_new_tokens + max_draft + 2)
         table = BlockTable(pool, self.device)
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
@@ -125,7 +139,10 @@ class Engine:
               streamer, max_pos) -> bool:
         N = len(tokens)
         L = N - 1  # the root's position; the target holds KV for [0, L)
-        budget = min(self.policy.next_length(), limits.max_new_tokens - (N - T) - 1)
+        # a chain's length, or a tree's depth: the step emits at most that + 1 tokens
+        budget = limits.max_new_tokens - (N - T) - 1
+        if self.tree is None:
+            budget = min(self.policy.next_length(), budget)
         if max_pos is not None:
             budget = min(budget, max_pos - N)
         context = torch.tensor(tokens, dtype=torch.long, device=self.device)
@@ -133,8 +150,11 @@ class Engine:
         if budget > 0 and self.drafter is not None:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator)
             ctx.process = pipeline
-            ctx.should_continue = self.policy.should_continue
-            draft = self.drafter.propose(ctx, budget)
+            if self.tree is not None:
+                draft = self._propose_tree(ctx, budget)
+            else:
+                ctx.should_continue = self.policy.should_continue
+                draft = self.drafter.propose(ctx, budget)
         else:
             draft = Draft.empty(self.device)
         t1 = time.perf_counter()
@@ -181,6 +201,22 @@ class Engine:
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))
         return done
+
+    def _propose_tree(self, ctx: DraftContext, max_depth: int) -> Draft:
+        """The drafter's tree for this step: the spec cut to max_depth levels, at most its node budget."""
+        spec = self.tree.limited(max_depth)
+        if isinstance(self.drafter, PromptLookup):  # one branch per distinct continuation, as wide as the spec
+            draft = self.drafter.propose_tree(ctx, spec.nodes, spec.width(0))
+        else:
+            draft = self.drafter.propose_tree(ctx, spec, spec.nodes)
+        if len(draft) == 0:
+            return draft
+        shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed
+        if len(shallow) < len(draft):  # lookup branches may run deeper than the spec allows
+            parents = subtree_parents(draft.parents.tolist(), shallow.tolist())
+            q = None if draft.q_probs is None else draft.q_probs[shallow]
+            draft = Draft(draft.tokens[shallow], torch.tensor(parents, dtype=torch.long, device=self.device), q)
+        return draft
 
     def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):
         if self.acceptance == "typical":

@@ -67,6 +67,10 @@ class Drafter(Protocol):
     propose(ctx, budget): return a Draft of at most `budget` tokens (0 allowed: plain decoding)
     accept(num_context_tokens): the committed context now has this many tokens; drop state past it
     end(): generation over (also on exceptions); release anything held
+
+    Optional, for `tree=`: propose_tree(ctx, spec, budget) -> a tree Draft of at most `budget` nodes in
+    the shape of the TreeSpec `spec` (ModelDrafter). PromptLookup's is propose_tree(ctx, budget,
+    max_branches); the engine calls it with the spec's node budget and root width.
     """
 
     deterministic: bool

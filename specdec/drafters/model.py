@@ -3,12 +3,18 @@
 Its KV covers the same positions as the target's (never more after a step): it lags only by tokens it
 has not run yet (the last draft token, the correction/bonus token), which it catches up on in the
 first forward of its next proposal.
+
+Trees (`propose_tree`): one draft forward per depth, all frontier nodes batched, written as scratch
+past the drafter's valid KV (see ModelRunner.forward_tree). Afterwards the drafter's KV is valid only
+for the committed context; the accepted tokens are re-run in the next proposal's catch-up forward
+(simplest and exact; so `tree_kv` stays None and the engine moves no drafter KV).
 """
 from __future__ import annotations
 
 import torch
 
 from ..hf.runner import ModelRunner
+from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores, sample
 from .base import Draft, DraftContext
 
@@ -58,6 +64,45 @@ class ModelDrafter:
             logits = runner.forward(torch.tensor([x], device=ctx.tokens.device), logits_rows=1)
         tokens = torch.tensor(out, dtype=torch.long, device=ctx.tokens.device)
         return Draft.chain(tokens, None if greedy else torch.stack(qs))
+
+    def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
+        """A token tree of at most min(budget, spec.nodes) nodes and spec.depth levels (see TreeSpec).
+
+        A node's children are the top tokens of the processed draft distribution at that node: a
+        deterministic choice, so the Draft has q_probs None and the verifier applies the one-hot rule,
+        lossless for greedy and sampled decoding alike (DESIGN.md section 5). One catch-up forward (its
+        last row is the root's distribution), then one forward per further depth over the frontier.
+        """
+        runner = self.runner
+        device = ctx.tokens.device
+        self.deterministic = True
+        grower = TreeGrower(spec, budget)
+        if grower.budget <= 0:
+            return Draft.empty(device)
+        logits = runner.forward(ctx.tokens[runner.valid:], logits_rows=1)  # catch up; the root's row
+        frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, [[]])))
+        root_pos = runner.valid - 1
+        written: list[int] = []  # grower ids with KV in the scratch block, in block order
+        slot: dict[int, int] = {}  # grower id -> its index in the block
+        while frontier and grower.level < spec.depth:
+            m, f = len(written), len(frontier)
+            mask = torch.zeros(f, m + f, dtype=torch.bool)
+            paths = []
+            for row, node in enumerate(frontier):
+                path = grower.path(node)
+                mask[row, [slot[a] for a in path[:-1]]] = True
+                mask[row, m + row] = True
+                paths.append([grower.tokens[a] for a in path])
+            for node in frontier:
+                slot[node] = len(written)
+                written.append(node)
+            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
+            tokens = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long, device=device)
+            logits = runner.forward_tree(tokens, block_pos, mask.to(device))
+            frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, paths)))
+        toks, parents = grower.result()
+        return Draft(torch.tensor(toks, dtype=torch.long, device=device),
+                     torch.tensor(parents, dtype=torch.long, device=device), None)
 
     def accept(self, num_context_tokens: int) -> None:
         self.runner.rollback(num_context_tokens - 1)

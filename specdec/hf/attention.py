@@ -29,10 +29,16 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     if meta.kernel:
         from ..kernels import tree_attention
 
-        out = tree_attention(query[0].transpose(0, 1), key, value, meta.block_table, meta.prefix_len,
-                             meta.tree_mask, scale, sliding_window=sliding_window, softcap=softcap,
-                             node_pos=meta.q_pos)
-        return out.unsqueeze(0), None
+        q, tree_mask = query[0].transpose(0, 1), meta.tree_mask  # [n, Hq, D], [n, m + n]
+        m = tree_mask.shape[1] - tree_mask.shape[0]
+        if m:  # the kernel's tree block is square: idle query rows for the m nodes written earlier
+            q = torch.cat([q.new_zeros(m, *q.shape[1:]), q])
+            idle = torch.zeros(m, tree_mask.shape[1], dtype=torch.bool, device=q.device)
+            idle[:, :m] = torch.eye(m, dtype=torch.bool, device=q.device)
+            tree_mask = torch.cat([idle, tree_mask])
+        out = tree_attention(q, key, value, meta.block_table, meta.prefix_len, tree_mask, scale,
+                             sliding_window=sliding_window, softcap=softcap, node_pos=meta.key_pos)
+        return out[m:].unsqueeze(0), None
     mask = meta.mask_for(sliding_window)  # [n, T] bool, True = may attend
     if softcap is None:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,

@@ -19,8 +19,12 @@ from ..cache.paged import PagedKV
 class StepMeta:
     """One forward's addressing. n new tokens written after `prefix_len` positions.
 
-    write_slots: [n] int64; read_slots: [prefix_len + n] int64
-    tree_mask: [n, n] bool (True = column is ancestor-or-self of row); q_pos: [n] positions of new tokens
+    The keys are the prefix (always visible) then a *tree block* of b = m + n nodes: m written by earlier
+    forwards (a model drafter growing a tree one depth per forward; m = 0 otherwise), then the n new ones.
+
+    write_slots: [n] int64; read_slots: [prefix_len + m + n] int64
+    tree_mask: [n, m + n] bool (True = block column is ancestor-or-self of row); q_pos: [n] positions of
+    the new tokens; block_pos: [m + n] positions of the block's keys (None: the block is the n new tokens)
     """
 
     prefix_len: int
@@ -30,18 +34,24 @@ class StepMeta:
     q_pos: torch.Tensor
     kernel: bool = False
     block_table: torch.Tensor | None = None
+    block_pos: torch.Tensor | None = None
     calls: int = 0
     _masks: dict = field(default_factory=dict)
 
+    @property
+    def key_pos(self) -> torch.Tensor:
+        """[m + n] positions of the tree block's keys."""
+        return self.q_pos if self.block_pos is None else self.block_pos
+
     def mask_for(self, sliding_window: int | None) -> torch.Tensor:
-        """[n, prefix_len + n] bool; built once per forward per window size."""
+        """[n, prefix_len + m + n] bool; built once per forward per window size."""
         key = sliding_window or 0
         mask = self._masks.get(key)
         if mask is None:
             n, dev = self.q_pos.numel(), self.q_pos.device
             mask = torch.cat([torch.ones(n, self.prefix_len, dtype=torch.bool, device=dev), self.tree_mask], dim=1)
             if sliding_window:
-                k_pos = torch.cat([torch.arange(self.prefix_len, device=dev), self.q_pos])
+                k_pos = torch.cat([torch.arange(self.prefix_len, device=dev), self.key_pos])
                 mask = mask & (self.q_pos[:, None] - k_pos[None, :] < sliding_window)
             self._masks[key] = mask
         return mask
@@ -64,7 +74,7 @@ class _PagedLayer(CacheLayerMixin):
         raise NotImplementedError  # PagedCache.update handles every layer
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.meta.prefix_len + query_length, 0
+        return self.owner.meta.read_slots.numel(), 0
 
     def get_seq_length(self) -> int:
         return self.owner.meta.prefix_len if self.owner.meta is not None else 0

@@ -62,15 +62,39 @@ class ModelRunner:
         """
         n = tokens.numel()
         start = self.kv.valid
-        self.table.reserve(start + n)
         if positions is None:
             positions = torch.arange(start, start + n, device=self.device)
         if tree_mask is None:
             tree_mask = causal_mask(n, self.device)
-        meta = StepMeta(prefix_len=start, write_slots=self.table.slots(start, start + n),
-                        read_slots=self.table.slots(0, start + n), tree_mask=tree_mask, q_pos=positions,
-                        kernel=self.kernel,
-                        block_table=self.table.block_table_tensor() if self.kernel else None)
+        logits = self._run(tokens, start, positions, None, tree_mask, logits_rows)
+        self.kv.valid = start + n
+        return logits
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: torch.Tensor, block_pos: torch.Tensor, tree_mask: torch.Tensor,
+                     logits_rows=None) -> torch.Tensor:
+        """Run n more nodes of a tree whose first m nodes earlier calls wrote right after `valid`.
+
+        tokens [n] int64; block_pos [m + n] int64, the positions of the whole tree block (the m written
+        nodes, then the n new ones); tree_mask [n, m + n] bool, which block nodes each new node sees (its
+        ancestors and itself; the prefix [0, valid) is always visible). The new nodes' KV goes to sequence
+        positions valid+m .. valid+m+n-1. `valid` does not move: the block is scratch space past the
+        committed KV, overwritten by whatever runs next. Returns logits [r, V] float32 (see forward).
+        """
+        n, b = tokens.numel(), block_pos.numel()
+        if tree_mask.shape != (n, b) or b < n:
+            raise ValueError(f"forward_tree: tree_mask must be [n, m + n] = [{n}, {b}], got {tuple(tree_mask.shape)}")
+        return self._run(tokens, self.kv.valid, block_pos[b - n:], block_pos, tree_mask, logits_rows)
+
+    def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows) -> torch.Tensor:
+        """One forward: the n tokens go to the last n of positions start .. start+b-1 (b = tree_mask's width)."""
+        n, b = tokens.numel(), tree_mask.shape[1]
+        end = start + b
+        self.table.reserve(end)
+        meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
+                        read_slots=self.table.slots(0, end), tree_mask=tree_mask, q_pos=positions,
+                        kernel=self.kernel, block_table=self.table.block_table_tensor() if self.kernel else None,
+                        block_pos=block_pos)
         self.cache.meta = meta
         keep = 0 if logits_rows is None else logits_rows
         out = self.model(input_ids=tokens[None], position_ids=positions[None], cache=self.cache, use_cache=True,
@@ -79,6 +103,5 @@ class ModelRunner:
             raise RuntimeError(
                 f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {self.num_layers} layers; "
                 "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
-        self.kv.valid = start + n
         self.cache.meta = None
         return out.logits[0].float()
