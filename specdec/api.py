@@ -32,7 +32,7 @@ _UNSUPPORTED = {
     "watermarking_config": None, "renormalize_logits": False, "remove_invalid_values": False, "max_time": None,
     "token_healing": None, "dola_layers": None, "prompt_lookup_num_tokens": None,
 }
-_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance")
+_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache")
 
 
 @dataclass
@@ -145,7 +145,8 @@ def _generator(device) -> torch.Generator:
     return g
 
 
-def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact"):
+def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
+                 keep_cache=False):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -155,7 +156,7 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
                          "the node budget: pass one of the two")
     target.eval()
     return Engine(target, _resolve_drafter(target, drafter), make_policy(draft_length, max_draft_length),
-                  acceptance=acceptance, tree=tree)
+                  acceptance=acceptance, tree=tree, keep_cache=keep_cache)
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,

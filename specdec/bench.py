@@ -68,7 +68,7 @@ def build_modes(target, draft, n: int, k: int, tree=None, include_hf: bool = Tru
         modes[f"specdec k={k}"] = _spec_mode(specdec.wrap(target, drafter=draft, draft_length=k), n)
         modes["specdec adaptive"] = _spec_mode(specdec.wrap(target, drafter=draft), n)
         if tree is not None:
-            modes["specdec tree"] = _spec_mode(specdec.wrap(target, drafter=draft, tree=tree, draft_length=k), n)
+            modes["specdec tree"] = _spec_mode(specdec.wrap(target, drafter=draft, tree=tree), n)
     modes["specdec ngram"] = _spec_mode(specdec.wrap(target, drafter="ngram"), n)
     return modes
 

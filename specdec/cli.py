@@ -1,4 +1,4 @@
-"""The `specdec` command: demo, bench, select-draft, zoo (train / card / list).
+"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list).
 
 Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
 the fix, not a traceback.
@@ -149,6 +149,17 @@ def cmd_select(a) -> None:
     print("wrote " + ", ".join(str(f) for f in files))
 
 
+def cmd_chat(a) -> None:
+    import torch
+
+    from .chat import ChatSession, run_cli
+
+    torch.set_num_threads(a.threads)
+    target, tok = _load(a.target, "target")
+    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok), system=a.system)
+    run_cli(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)
+
+
 def cmd_zoo(a) -> None:
     from . import zoo
 
@@ -213,6 +224,17 @@ def main(argv=None) -> None:
     s.add_argument("--max-new-tokens", type=int, default=64)
     s.add_argument("--out", default="benchmarks/results/select_draft")
     s.add_argument("--threads", type=int, default=2)
+    ch = sub.add_parser("chat", help="streaming multi-turn chat that keeps the conversation's KV between turns")
+    ch.add_argument("--target", default="target")
+    ch.add_argument("--drafter", default="draft-wide")
+    ch.add_argument("--system", default=None)
+    ch.add_argument("--max-new-tokens", type=int, default=128)
+    ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
+    ch.add_argument("--threads", type=int, default=2)
+    ch.add_argument("--do-sample", action="store_true")
+    ch.add_argument("--temperature", type=float, default=1.0)
+    ch.add_argument("--top-k", type=int, default=50)
+    ch.add_argument("--top-p", type=float, default=1.0)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list")
@@ -229,7 +251,7 @@ def main(argv=None) -> None:
     c.add_argument("--work", default="zoo_work")
     a = ap.parse_args(argv)
     try:
-        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "zoo": cmd_zoo}[a.cmd](a)
+        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo}[a.cmd](a)
     except (ValueError, OSError) as e:
         raise SystemExit(f"specdec: {e}") from None
     except KeyboardInterrupt:

@@ -41,11 +41,34 @@ class Limits:
     stopping_criteria: object = None  # HF StoppingCriteriaList or None
 
 
+@dataclass
+class _Kept:
+    """The sequence kept between generate() calls when keep_cache=True (chat)."""
+
+    table: BlockTable
+    target: ModelRunner
+    tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Engine:
-    """Runs one generation at a time for a (target, drafter, policy)."""
+    """Runs one generation at a time for a (target, drafter, policy).
+
+    keep_cache=True keeps the last sequence's KV (target and drafter pages) after generate() returns, so
+    the next call prefills only what follows the longest common prefix: multi-turn chat without
+    re-prefilling the history. `release_cache()` gives the pages back."""
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
-                 tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None):
+                 tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None,
+                 keep_cache: bool = False):
         if tree is not None:
             if not isinstance(tree, TreeSpec):
                 raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
@@ -62,6 +85,19 @@ class Engine:
         self.acceptance = acceptance
         self.tree = tree
         self.pool: PagePool | None = None
+        self.keep_cache = keep_cache
+        self._kept: _Kept | None = None
+
+    def release_cache(self) -> None:
+        """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
+        if self._kept is not None:
+            self._kept.table.release()
+            self._kept = None
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The committed tokens of the kept sequence (keep_cache=True), [] if none."""
+        return list(self._kept.tokens) if self._kept is not None else []
 
     def _pool_for(self, tokens: int) -> PagePool:
         pages = -(-tokens // self.page_size) + 1
@@ -80,18 +116,28 @@ class Engine:
         max_draft = getattr(self.policy, "max_length", 8)
         if self.tree is not None:
             max_draft = max(max_draft, self.tree.max_slots)
-        pool = self._pool_for(T + limits.max_new_tokens + max_draft + 2)
-        table = BlockTable(pool, self.device)
+        max_pos = max_positions_of(self.target)
+        kept, self._kept = self._kept, None
+        if kept is not None:  # multi-turn: reuse the KV of the longest common prefix, prefill only the rest
+            table, target = kept.table, kept.target
+            reuse = min(_common_prefix(kept.tokens[:target.valid], prompt.tolist()), T - 1)
+            target.rollback(reuse)
+            table.truncate(reuse)
+        else:
+            budget = (max_pos or 4096) if self.keep_cache else T + limits.max_new_tokens
+            pool = self._pool_for(budget + max_draft + 2)
+            table = BlockTable(pool, self.device)
+            target = ModelRunner(self.target, pool, table, self.kernel)
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
         stats = SpecStats(prompt_tokens=T)
-        target = ModelRunner(self.target, pool, table, self.kernel)
-        max_pos = max_positions_of(self.target)
+        stats.reused_prompt_tokens = target.valid
         draft_model = getattr(self.drafter, "model", None)
         began = False
+        tokens = None
         try:
             with specdec_attention(self.target, draft_model):
                 t0 = time.perf_counter()
-                logits = target.forward(prompt, logits_rows=1)
+                logits = target.forward(prompt[target.valid:], logits_rows=1)
                 if self.drafter is not None:
                     self.drafter.begin(self, table)
                     began = True
@@ -114,9 +160,17 @@ class Engine:
                 if tracker is not None and hasattr(tracker, "to_dict"):
                     stats.tracker = tracker.to_dict()
         finally:
-            if began:
-                self.drafter.end()
-            table.release()
+            if self.keep_cache and tokens is not None:
+                # keep exactly the committed tokens' KV (also after an interrupt: the partial answer stays)
+                target.rollback(len(tokens) - 1)
+                if began:
+                    self.drafter.accept(len(tokens))
+                table.truncate(target.valid)
+                self._kept = _Kept(table, target, tokens)
+            else:
+                if began:
+                    self.drafter.end()
+                table.release()
             if streamer is not None:
                 streamer.end()
         return torch.tensor(tokens, dtype=torch.long), stats

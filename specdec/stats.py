@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class SpecStats:
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV was kept from the previous turn (chat)
     new_tokens: int = 0
     prefill_s: float = 0.0      # target (and model drafter) forward over the prompt
     ttft_s: float = 0.0         # prefill + choosing the first token

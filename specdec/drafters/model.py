@@ -37,7 +37,10 @@ class ModelDrafter:
                              "share the target's tokenizer and vocabulary")
 
     def begin(self, engine, table) -> None:
-        self.runner = ModelRunner(self.model, engine.pool, table, engine.kernel)
+        if self.runner is not None and self.runner.table is table:  # a kept sequence (chat): reuse our KV
+            self.runner.rollback(table.length)
+        else:
+            self.runner = ModelRunner(self.model, table.pool, table, engine.kernel)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner

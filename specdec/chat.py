@@ -1,0 +1,106 @@
+"""Multi-turn chat over one kept KV cache: each turn prefills only the new text, never the history.
+
+`ChatSession` uses the tokenizer's chat template when it has one (the rendered conversation grows by
+appending, so the previous turns' KV stays valid), and plain continuation when it has not (the user's
+line is appended to the running token history and the model continues it). The CLI `specdec chat`
+wraps it: streaming, a status line, /reset, /stats, /quit, Ctrl-C stops an answer and keeps the session.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .api import wrap
+
+
+class ChatSession:
+    def __init__(self, target, tokenizer, drafter=None, system: str | None = None, **options):
+        self.model = wrap(target, drafter=drafter, keep_cache=True, **options)
+        self.tok = tokenizer
+        self.templated = bool(getattr(tokenizer, "chat_template", None))
+        self.system = system
+        self.history: list[int] = []  # token ids of the whole conversation so far
+        self.messages: list[dict] = []
+        self.last_stats = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.model.engine.release_cache()
+        self.messages = [{"role": "system", "content": self.system}] if (self.system and self.templated) else []
+        self.history = self.tok(self.system, add_special_tokens=False).input_ids if (
+            self.system and not self.templated) else []
+
+    def _prompt_ids(self, text: str) -> list[int]:
+        if self.templated:
+            msgs = self.messages + [{"role": "user", "content": text}]
+            enc = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
+            return list(enc["input_ids"])
+        return self.history + self.tok(text, add_special_tokens=False).input_ids
+
+    def send(self, text: str, streamer=None, **generate_kwargs) -> str:
+        """One turn: returns the answer text (also streamed to `streamer`); stats in self.last_stats.
+
+        On KeyboardInterrupt the partial answer is kept in the conversation and the interrupt re-raised."""
+        ids = self._prompt_ids(text)
+        try:
+            out = self.model.generate(torch.tensor([ids]), streamer=streamer, return_dict_in_generate=True,
+                                      **generate_kwargs)
+        except KeyboardInterrupt:
+            self._commit(text, ids, self.model.engine.cached_tokens)
+            raise
+        self.last_stats = out.stats
+        return self._commit(text, ids, out.sequences[0].tolist())
+
+    def _commit(self, text: str, ids: list[int], sequence: list[int]) -> str:
+        if not sequence:  # interrupted before the first token
+            return ""
+        answer = self.tok.decode(sequence[len(ids):], skip_special_tokens=True)
+        self.history = sequence
+        if self.templated:
+            self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+        return answer
+
+
+def run_cli(session: ChatSession, generate_kwargs: dict, status: bool = True, stream=sys.stdout) -> None:
+    """Read lines from stdin until EOF or /quit. Interactive when stdin is a terminal."""
+    from transformers import TextStreamer
+
+    interactive = sys.stdin.isatty()
+    if not session.templated:
+        print("(this tokenizer has no chat template: plain continuation, each line is appended to the text)",
+              file=stream)
+    while True:
+        if interactive:
+            print("> ", end="", file=stream, flush=True)
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:
+            print(file=stream)
+            break
+        if not line:
+            break
+        text = line.rstrip("\n")
+        if text.strip() == "/quit":
+            break
+        if text.strip() == "/reset":
+            session.reset()
+            print("[conversation reset]", file=stream, flush=True)
+            continue
+        if text.strip() == "/stats":
+            s = session.last_stats
+            print(f"[{s.summary()}]" if s else "[no answer yet]", file=stream, flush=True)
+            continue
+        if not session.templated:
+            text += "\n"
+        streamer = TextStreamer(session.tok, skip_prompt=True, skip_special_tokens=True)
+        try:
+            session.send(text, streamer=streamer, **generate_kwargs)
+        except KeyboardInterrupt:
+            print("\n[interrupted]", file=stream, flush=True)
+            continue
+        s = session.last_stats
+        if status and s is not None:
+            print(f"[{s.tokens_per_s:.1f} tok/s | acceptance {s.acceptance_rate:.2f} | tau {s.mean_accepted_length:.2f}"
+                  f" | TTFT {s.ttft_s * 1e3:.1f} ms | prefilled {s.prompt_tokens - s.reused_prompt_tokens} new of "
+                  f"{s.prompt_tokens} tokens]", file=stream, flush=True)

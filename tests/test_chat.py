@@ -1,0 +1,118 @@
+"""Chat: every turn equals a fresh specdec.generate over the same history, while reusing the history's KV.
+
+Driven three ways: the Python session, piped stdin, and a pseudo-terminal with Ctrl-C during an answer.
+"""
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import specdec
+from specdec.chat import ChatSession
+
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def zoo_pair():
+    target, tok = specdec.zoo.load("target")
+    draft, _ = specdec.zoo.load("draft-tiny")
+    return target, draft, tok
+
+
+@pytest.mark.parametrize("templated", [False, True])
+def test_turns_equal_fresh_generation_and_reuse_the_history(zoo_pair, templated):
+    target, draft, tok = zoo_pair
+    if templated:
+        tok = type(tok).from_pretrained(specdec.zoo.path("target"))
+        tok.chat_template = TEMPLATE
+    chat = ChatSession(target, tok, drafter=draft, draft_length=3)
+    turns = ["def parse(line):\n", "    if not line:\n", "class Reader:\n"]
+    for i, text in enumerate(turns):
+        if i == 2:
+            chat.reset()
+        prompt = chat._prompt_ids(text)
+        want = specdec.generate(target, torch.tensor([prompt]), max_new_tokens=12)
+        answer = chat.send(text, max_new_tokens=12)
+        assert chat.history == want[0].tolist()
+        assert answer == tok.decode(want[0, len(prompt):], skip_special_tokens=True)
+        s = chat.last_stats
+        if i == 1:  # the second turn prefilled only its new text
+            assert s.reused_prompt_tokens >= len(prompt) - len(tok(text, add_special_tokens=False).input_ids) - 8
+            assert s.reused_prompt_tokens > 0
+        else:
+            assert s.reused_prompt_tokens == 0
+    chat.reset()
+    assert chat.model.engine.pool.num_used == 0
+
+
+def _expected_answers(lines, n):
+    target, tok = specdec.zoo.load("target")
+    history, out = [], []
+    for line in lines:
+        if line == "/reset":
+            history = []
+            continue
+        ids = history + tok(line + "\n", add_special_tokens=False).input_ids
+        seq = specdec.generate(target, torch.tensor([ids]), max_new_tokens=n)[0].tolist()
+        out.append(tok.decode(seq[len(ids):], skip_special_tokens=True))
+        history = seq
+    return out
+
+
+def test_piped_stdin_multi_turn_with_reset():
+    lines = ["def area(r):", "    return", "/reset", "import os"]
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "chat", "--drafter", "draft-tiny", "--max-new-tokens",
+                        "10", "--threads", "1"], input="\n".join(lines + ["/stats", "/quit"]) + "\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for answer in _expected_answers(lines, 10):
+        assert answer in r.stdout
+    assert "[conversation reset]" in r.stdout and "tok/s" in r.stdout
+
+
+def _read_until(fd, needle, timeout=120):
+    buf = b""
+    end = time.time() + timeout
+    while needle not in buf and time.time() < end:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+def test_ctrl_c_stops_the_answer_and_keeps_the_session():
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the chat on a real terminal
+        os.execvp(sys.executable, [sys.executable, "-m", "specdec.cli", "chat", "--drafter", "draft-tiny",
+                                   "--max-new-tokens", "400", "--threads", "1", "--no-status"])
+    try:
+        assert b"> " in _read_until(fd, b"> ")
+        os.write(fd, b"def main():\n")
+        _read_until(fd, b"\n", timeout=60)  # the echo of our line
+        time.sleep(1.0)  # let the answer start
+        os.write(fd, b"\x03")  # Ctrl-C
+        assert b"[interrupted]" in _read_until(fd, b"[interrupted]")
+        os.write(fd, b"/stats\n")  # the session is alive and answers commands (no finished answer yet)
+        assert b"[no answer yet]" in _read_until(fd, b"[no answer yet]")
+        os.write(fd, b"/quit\n")
+        _read_until(fd, b"never", timeout=20)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
