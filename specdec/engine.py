@@ -202,12 +202,11 @@ class Engine:
         context = torch.tensor(tokens, dtype=torch.long, device=self.device)
         t0 = time.perf_counter()
         if budget > 0 and self.drafter is not None:
-            ctx = DraftContext(tokens=context, sampling=sampling, generator=generator)
-            ctx.process = pipeline
+            ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=pipeline,
+                               should_continue=None if self.tree is not None else self.policy.should_continue)
             if self.tree is not None:
                 draft = self._propose_tree(ctx, budget)
             else:
-                ctx.should_continue = self.policy.should_continue
                 draft = self.drafter.propose(ctx, budget)
         else:
             draft = Draft.empty(self.device)

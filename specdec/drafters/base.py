@@ -10,7 +10,7 @@ parent array (parent -1 = child of the root; a chain has parents [-1, 0, 1, ...,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -51,11 +51,16 @@ class DraftContext:
     tokens:  [T] int64, the committed context (prompt + generated); tokens[-1] is the root
     sampling: the engine's SamplingParams (do_sample, temperature, top_k, top_p)
     generator: torch.Generator for any randomness (seeded by the user through torch.manual_seed)
+    process: (scores [r, V], context [T], paths) -> processed scores [r, V]: the SAME logits processing
+             the target's rows get (a model drafter's q must be processed like p)
+    should_continue: (position, draft_prob) -> bool, the policy's stop-early rule, or None (draft the budget)
     """
 
     tokens: torch.Tensor
     sampling: object
     generator: torch.Generator | None = None
+    process: Callable | None = None
+    should_continue: Callable[[int, float], bool] | None = None
 
 
 @runtime_checkable

@@ -46,7 +46,7 @@ class ModelDrafter:
         runner = self.runner
         greedy = not ctx.sampling.do_sample
         self.deterministic = greedy
-        stop = getattr(ctx, "should_continue", None)
+        stop = ctx.should_continue
         pending = ctx.tokens[runner.valid:]
         logits = runner.forward(pending, logits_rows=1)  # catch up + the first draft position
         out: list[int] = []
