@@ -21,7 +21,6 @@ import torch
 
 from .cache.pool import BlockTable, PagePool
 from .drafters.base import Draft, DraftContext
-from .drafters.ngram import PromptLookup
 from .hf.attention import specdec_attention
 from .hf.runner import ModelRunner, max_positions_of
 from .processing import LogitsPipeline
@@ -258,10 +257,7 @@ class Engine:
     def _propose_tree(self, ctx: DraftContext, max_depth: int) -> Draft:
         """The drafter's tree for this step: the spec cut to max_depth levels, at most its node budget."""
         spec = self.tree.limited(max_depth)
-        if isinstance(self.drafter, PromptLookup):  # one branch per distinct continuation, as wide as the spec
-            draft = self.drafter.propose_tree(ctx, spec.nodes, spec.width(0))
-        else:
-            draft = self.drafter.propose_tree(ctx, spec, spec.nodes)
+        draft = self.drafter.propose_tree(ctx, spec, spec.nodes)
         if len(draft) == 0:
             return draft
         shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed

@@ -212,7 +212,7 @@ def test_prompt_lookup_empty_cases():
     assert len(d.propose(ctx([X, Y, Z, X]), 0)) == 0  # budget 0: no draft
     draft = d.propose(ctx([X, Y, Z, X]), 4)  # index catches up after a budget-0 step
     assert draft.tokens.tolist() == [Y, Z, X]
-    assert len(d.propose_tree(ctx([X, Y, Z, X]), 0, 2)) == 0
+    assert len(d.propose_branches(ctx([X, Y, Z, X]), 0, 2)) == 0
 
 
 def test_prompt_lookup_budget_respected():
@@ -221,13 +221,13 @@ def test_prompt_lookup_budget_respected():
     toks = [A, B, C, D, X, Y, Z, P, Q, A, B]
     for budget in range(0, 12):
         assert len(d.propose(ctx(toks), budget)) == min(budget, 9)
-        assert len(d.propose_tree(ctx(toks), budget, 3)) <= budget
+        assert len(d.propose_branches(ctx(toks), budget, 3)) <= budget
 
 
 def test_prompt_lookup_tree():
     d = PromptLookup()
     d.begin(None, None)
-    draft = d.propose_tree(ctx([A, B, C, A, B, D, A, B]), 5, 2)
+    draft = d.propose_branches(ctx([A, B, C, A, B, D, A, B]), 5, 2)
     assert draft.tokens.tolist() == [D, A, B, C, A]
     assert draft.parents.tolist() == [-1, 0, 1, -1, 3]
     assert draft.q_probs is None and isinstance(draft, Draft)

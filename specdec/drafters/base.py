@@ -74,8 +74,7 @@ class Drafter(Protocol):
     end(): generation over (also on exceptions); release anything held
 
     Optional, for `tree=`: propose_tree(ctx, spec, budget) -> a tree Draft of at most `budget` nodes in
-    the shape of the TreeSpec `spec` (ModelDrafter). PromptLookup's is propose_tree(ctx, budget,
-    max_branches); the engine calls it with the spec's node budget and root width.
+    the shape of the TreeSpec `spec` (the engine prunes nodes deeper than the spec allows).
     """
 
     deterministic: bool

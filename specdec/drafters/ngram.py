@@ -184,7 +184,13 @@ class PromptLookup:
             return Draft.empty(device)
         return Draft.chain(torch.tensor(draft, dtype=torch.long, device=device))
 
-    def propose_tree(self, ctx: DraftContext, budget: int, max_branches: int) -> Draft:
+    def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
+        """The protocol's tree call: as many branches as the spec's root width, up to `budget` nodes.
+
+        Branches are not cut to the spec's depth here; the engine prunes what runs deeper."""
+        return self.propose_branches(ctx, budget, spec.width(0))
+
+    def propose_branches(self, ctx: DraftContext, budget: int, max_branches: int) -> Draft:
         """A tree of up to `budget` nodes, one branch per distinct continuation (see NgramIndex.lookup_tree)."""
         device = ctx.tokens.device
         if budget <= 0 or max_branches <= 0:
