@@ -100,14 +100,15 @@ def lr_at(step: int, total: int, base: float, warmup: int = 100) -> float:
 @torch.no_grad()
 def heldout_loss(model, data: np.ndarray, windows: int = 64, seq_len: int = SEQ_LEN) -> float:
     """Mean next-token loss on fixed, evenly spaced held-out windows."""
+    was_training = model.training
     model.eval()
     starts = np.linspace(0, len(data) - seq_len - 1, windows).astype(np.int64)
     total = 0.0
     for s in starts:
         x = torch.from_numpy(data[s:s + seq_len + 1].astype(np.int64))[None]
         logits = model(x[:, :-1]).logits
-        total += F.cross_entropy(logits[0], x[0, 1:]).item()
-    model.train()
+        total += F.cross_entropy(logits[0].float(), x[0, 1:]).item()
+    model.train(was_training)
     return total / windows
 
 
