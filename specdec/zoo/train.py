@@ -31,7 +31,7 @@ VOCAB = 4096
 SEQ_LEN = 256
 # training tokens per model: the target ~0.6 epoch of the ~8.9M-token training split (what fits a CPU
 # afternoon); drafts are cheap, so the distilled ones get more tokens than their size suggests.
-DEFAULT_TOKENS = {"target": 5_400_000, "draft-tiny": 3_000_000, "draft-small": 3_500_000, "draft-wide": 4_000_000}
+DEFAULT_TOKENS = {"target": 5_400_000, "draft-tiny": 1_800_000, "draft-small": 2_100_000, "draft-wide": 4_000_000}
 
 
 @dataclass
