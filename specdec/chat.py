@@ -34,8 +34,13 @@ class ChatSession:
     def _prompt_ids(self, text: str) -> list[int]:
         if self.templated:
             msgs = self.messages + [{"role": "user", "content": text}]
-            enc = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
-            return list(enc["input_ids"])
+            full = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            done = self.tok.decode(self.history)
+            if self.history and full.startswith(done):
+                # keep the generated tokens as they are (re-tokenising the answer would change them and
+                # lose the KV), and tokenise only the template's text for the new turn
+                return self.history + self.tok(full[len(done):], add_special_tokens=False).input_ids
+            return self.tok(full, add_special_tokens=False).input_ids
         return self.history + self.tok(text, add_special_tokens=False).input_ids
 
     def send(self, text: str, streamer=None, **generate_kwargs) -> str:
