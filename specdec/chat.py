@@ -12,6 +12,7 @@ import sys
 import torch
 
 from .api import wrap
+from .cache.pool import PoolExhausted
 
 
 class ChatSession:
@@ -103,6 +104,10 @@ def run_cli(session: ChatSession, generate_kwargs: dict, status: bool = True, st
             session.send(text, streamer=streamer, **generate_kwargs)
         except KeyboardInterrupt:
             print("\n[interrupted]", file=stream, flush=True)
+            continue
+        except (PoolExhausted, ValueError) as e:  # e.g. the conversation outgrew the model's positions
+            session.reset()
+            print(f"\n[{e}; the conversation was reset]", file=stream, flush=True)
             continue
         s = session.last_stats
         if status and s is not None:

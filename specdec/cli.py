@@ -181,6 +181,7 @@ def cmd_zoo(a) -> None:
 
 def main(argv=None) -> None:
     from . import zoo
+    from .cache.pool import PoolExhausted
 
     ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -252,7 +253,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     try:
         {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo}[a.cmd](a)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, PoolExhausted) as e:
         raise SystemExit(f"specdec: {e}") from None
     except KeyboardInterrupt:
         sys.exit(130)

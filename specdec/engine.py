@@ -86,6 +86,7 @@ class Engine:
         self.pool: PagePool | None = None
         self.keep_cache = keep_cache
         self._kept: _Kept | None = None
+        self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -122,11 +123,13 @@ class Engine:
             reuse = min(_common_prefix(kept.tokens[:target.valid], prompt.tolist()), T - 1)
             target.rollback(reuse)
             table.truncate(reuse)
+            self.reused_tokens = reuse
         else:
             budget = (max_pos or 4096) if self.keep_cache else T + limits.max_new_tokens
             pool = self._pool_for(budget + max_draft + 2)
             table = BlockTable(pool, self.device)
             target = ModelRunner(self.target, pool, table, self.kernel)
+            self.reused_tokens = 0
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
         stats = SpecStats(prompt_tokens=T)
         stats.reused_prompt_tokens = target.valid
@@ -137,9 +140,6 @@ class Engine:
             with specdec_attention(self.target, draft_model):
                 t0 = time.perf_counter()
                 logits = target.forward(prompt[target.valid:], logits_rows=1)
-                if self.drafter is not None:
-                    self.drafter.begin(self, table)
-                    began = True
                 stats.prefill_s = time.perf_counter() - t0
                 scores = pipeline(logits, prompt, [[]])
                 first = self._pick(scores, sampling, generator)
@@ -148,6 +148,11 @@ class Engine:
                 if streamer is not None:
                     streamer.put(prompt.cpu())
                     streamer.put(torch.tensor([first]))
+                if self.drafter is not None:  # the drafter's own prefill, after the first token is out
+                    t_draft = time.perf_counter()
+                    began = True
+                    self.drafter.begin(self, table, prompt)
+                    stats.prefill_s += time.perf_counter() - t_draft
                 done = self._stops(tokens, T, limits, scores[:1])
                 t_decode = time.perf_counter()
                 while not done:

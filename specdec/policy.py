@@ -607,7 +607,9 @@ def make_policy(draft_length="adaptive", max_draft_length: int = 8) -> DraftPoli
             if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
                 raise ValueError(f"max_draft_length must be an int >= 1, got {max_draft_length!r}")
             if name == "adaptive":
-                return AdaptivePolicy(max_length=int(max_draft_length))
+                # early stop stays opt-in: measured on the zoo, its confidence calibration starts too
+                # pessimistic for greedy drafts and then never sees the later positions it cut off
+                return AdaptivePolicy(max_length=int(max_draft_length), early_stop=False)
             return HeuristicPolicy(initial=min(4, int(max_draft_length)), max_length=int(max_draft_length))
     elif isinstance(draft_length, DraftPolicy):
         return draft_length

@@ -63,15 +63,19 @@ def test_heldout_split_is_whole_modules_never_trained_on():
     assert 0.02 < len(held) / (len(held) + len(train)) < 0.1
 
 
-def test_zoo_greedy_speculation_is_lossless():
+def test_zoo_greedy_speculation_is_lossless_for_every_drafter():
+    from specdec.drafters import EarlyExit
+
     target, tok = specdec.zoo.load("target")
     draft, _ = specdec.zoo.load("draft-small")
     ids = tok(specdec.zoo.prompts(2)[1], return_tensors="pt").input_ids
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
-    out = specdec.generate(target, ids, drafter=draft, draft_length=4, max_new_tokens=40,
-                           return_dict_in_generate=True)
-    assert torch.equal(out.sequences, ref)
-    assert out.stats.accepted_tokens > 0
+    for drafter, opts in [(draft, dict(draft_length=4)), (draft, {}), ("ngram", {}), (EarlyExit(target, 2), {}),
+                          (draft, dict(tree=specdec.TreeSpec.dynamic(nodes=8, depth=4, topk=2)))]:
+        out = specdec.generate(target, ids, drafter=drafter, max_new_tokens=40, return_dict_in_generate=True, **opts)
+        assert torch.equal(out.sequences, ref), (drafter if isinstance(drafter, str) else type(drafter).__name__, opts)
+        if drafter is draft:
+            assert out.stats.accepted_tokens > 0
 
 
 def test_training_is_reproducible(tmp_path):

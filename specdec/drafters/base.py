@@ -68,7 +68,8 @@ class Drafter(Protocol):
     """Protocol every drafter implements.
 
     deterministic: True when q is one-hot (the verifier then uses the one-hot rule)
-    begin(engine, seq): called once after prefill (the model drafter binds its page tensors here)
+    begin(engine, seq, prompt): called once after the target's prefill with the prompt [T] int64; the
+        model drafter binds its page tensors and prefills the prompt here (timed as prefill, not drafting)
     propose(ctx, budget): return a Draft of at most `budget` tokens (0 allowed: plain decoding)
     accept(num_context_tokens): the committed context now has this many tokens; drop state past it
     end(): generation over (also on exceptions); release anything held
@@ -79,7 +80,7 @@ class Drafter(Protocol):
 
     deterministic: bool
 
-    def begin(self, engine, seq) -> None: ...
+    def begin(self, engine, seq, prompt: torch.Tensor | None = None) -> None: ...
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft: ...
 

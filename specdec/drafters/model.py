@@ -36,11 +36,14 @@ class ModelDrafter:
             raise ValueError(f"draft model vocabulary size {dv} does not match the target's {tv}: the drafter must "
                              "share the target's tokenizer and vocabulary")
 
-    def begin(self, engine, table) -> None:
+    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+        """Bind our pages to the sequence and prefill the prompt [T] (so drafting never pays for it)."""
         if self.runner is not None and self.runner.table is table:  # a kept sequence (chat): reuse our KV
-            self.runner.rollback(table.length)
+            self.runner.rollback(min(self.runner.valid, engine.reused_tokens))
         else:
             self.runner = ModelRunner(self.model, table.pool, table, engine.kernel)
+        if prompt is not None and prompt.numel() > self.runner.valid:
+            self.runner.forward(prompt[self.runner.valid:], logits_rows=1)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner

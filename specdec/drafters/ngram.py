@@ -146,9 +146,11 @@ class PromptLookup:
         self.index: NgramIndex | None = None
         self.num_context_tokens = 0
 
-    def begin(self, engine, seq) -> None:
+    def begin(self, engine, seq, prompt: torch.Tensor | None = None) -> None:
         self.index = NgramIndex(self.min_n, self.max_n, self.max_matches)
         self.num_context_tokens = 0
+        if prompt is not None:  # index the prompt now: counted as prefill, not as drafting
+            self._sync(prompt)
 
     def _sync(self, tokens: torch.Tensor) -> NgramIndex:
         """Index ctx.tokens past what is already indexed. tokens: [T] int64."""
