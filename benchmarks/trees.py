@@ -27,15 +27,17 @@ torch.set_num_threads(a.threads)
 target, tok = specdec.zoo.load("target")
 draft, _ = specdec.zoo.load(a.draft)
 prompts = [tok(p, return_tensors="pt").input_ids for p in specdec.zoo.prompts(a.prompts)]
-configs = {
-    "chain k=4": dict(draft_length=4),
-    "tree static [2,1,1] (4 nodes)": dict(tree=specdec.TreeSpec.static([2, 1, 1])),
-    "chain k=8": dict(draft_length=8),
-    "tree static [2,2,1] (8 nodes)": dict(tree=specdec.TreeSpec.static([2, 2, 1])),
-    "tree dynamic 8 nodes, depth 5, topk 2": dict(tree=specdec.TreeSpec.dynamic(nodes=8, depth=5, topk=2)),
-    "chain k=16": dict(draft_length=16, max_draft_length=16),
-    "tree dynamic 16 nodes, depth 6, topk 3": dict(tree=specdec.TreeSpec.dynamic(nodes=16, depth=6, topk=3)),
-}
+specs = [("chain", 4), specdec.TreeSpec.static([2, 1]), ("chain", 8), specdec.TreeSpec.static([2, 1, 1, 1]),
+         specdec.TreeSpec.dynamic(nodes=8, depth=5, topk=2), ("chain", 16),
+         specdec.TreeSpec.dynamic(nodes=16, depth=6, topk=3)]
+configs = {}
+for spec in specs:
+    if isinstance(spec, tuple):
+        configs[f"chain k={spec[1]}"] = dict(draft_length=spec[1], max_draft_length=max(8, spec[1]))
+    else:
+        label = (f"tree static {list(spec.branching)}" if spec.kind == "static" else
+                 f"tree dynamic depth {spec.depth}, topk {spec.topk}")
+        configs[f"{label} ({spec.nodes} nodes)"] = dict(tree=spec)
 models = {name: specdec.wrap(target, drafter=draft, **cfg) for name, cfg in configs.items()}
 refs = [target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=a.new_tokens, do_sample=False)
         for p in prompts]
