@@ -118,7 +118,7 @@ def main():
     hfa = statistics.median(rows[f"HF assisted k={k}"]["tps"])
     out = {"pair": a.pair, "draft": a.draft if a.pair == "zoo" else "config 1-layer", "k": k, "new_tokens": N,
            "prompts": len(prompts), "repeats": a.repeats, "modes": {}, "mismatches": mismatches}
-    lines = [f"| mode | tokens/s (median) | spread (min-max) | x target-only | x HF assisted | acceptance | tau |",
+    lines = ["| mode | tokens/s (median) | spread (min-max) | x target-only | x HF assisted | acceptance | tau |",
              "|---|---|---|---|---|---|---|"]
     for m, row in rows.items():
         tps = statistics.median(row["tps"])

@@ -4,5 +4,5 @@ from .api import GenerateOutput, SpecModel, generate, hf_custom_generate, wrap
 from .stats import SpecStats
 from .tree import TreeSpec
 
-__all__ = ["zoo", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats"]
+__all__ = ["zoo", "TreeSpec", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats"]
 __version__ = "0.1.0"

@@ -24,7 +24,6 @@ The engine's loop, per step:
 """
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Callable, Protocol, Sequence, runtime_checkable
 

@@ -2,7 +2,6 @@
 import subprocess
 import sys
 
-import pytest
 
 from specdec.cli import main
 

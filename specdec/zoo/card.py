@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import MODELS_DIR, load, names, prompts
 from .corpus import EOS, read_texts
-from .train import SEQ_LEN, heldout_loss
+from .train import heldout_loss
 
 
 def _tokens(tok, split: str) -> np.ndarray:
