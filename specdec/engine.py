@@ -159,6 +159,7 @@ class Engine:
                     done = self._step(tokens, T, target, pipeline, sampling, limits, stats, generator, table,
                                       streamer, max_pos)
                 stats.decode_s = time.perf_counter() - t_decode
+                stats.total_s = time.perf_counter() - t0
                 stats.new_tokens = len(tokens) - T
                 tracker = getattr(self.policy, "tracker", None)
                 if tracker is not None and hasattr(tracker, "to_dict"):

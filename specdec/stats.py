@@ -16,7 +16,8 @@ class SpecStats:
     new_tokens: int = 0
     prefill_s: float = 0.0      # target (and model drafter) forward over the prompt
     ttft_s: float = 0.0         # prefill + choosing the first token
-    decode_s: float = 0.0       # everything after the first token
+    decode_s: float = 0.0       # everything after the first token (and the drafter's prefill)
+    total_s: float = 0.0        # wall time from the start of prefill to the last token
     target_forwards: int = 0    # verification forwards (prefill excluded)
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -34,7 +35,8 @@ class SpecStats:
 
     @property
     def tokens_per_s(self) -> float:
-        total = self.ttft_s + self.decode_s
+        """New tokens per second of the whole generation (prefill, both models', included)."""
+        total = self.total_s or (self.ttft_s + self.decode_s)
         return self.new_tokens / total if total > 0 else 0.0
 
     @property

@@ -129,6 +129,8 @@ def test_stats_are_consistent(target, draft):
     assert 0 <= s.accepted_tokens <= s.drafted_tokens
     assert s.new_tokens - 1 == s.accepted_tokens + s.target_forwards  # each step: accepted + one token
     assert s.prefill_s > 0 and s.ttft_s > 0 and s.decode_s > 0  # prefill_s also holds the drafter's prefill
+    assert s.total_s >= s.prefill_s + s.decode_s and s.total_s >= s.ttft_s + s.decode_s
+    assert abs(s.tokens_per_s - s.new_tokens / s.total_s) < 1e-9
     assert 1.0 <= s.mean_accepted_length <= 4.0
 
 
