@@ -232,12 +232,10 @@ class Engine:
         t2 = time.perf_counter()
         m = len(result.path)
         if not chain and m and result.path != list(range(m)):
-            src = table.slots(L + 1, L + 1 + n)[torch.tensor(result.path, device=self.device)]
-            dst = table.slots(L + 1, L + 1 + m)
-            target.kv.move(src, dst)
+            self._compact(target.kv, table, L, result.path)
             drafter_kv = getattr(self.drafter, "tree_kv", None)
             if drafter_kv is not None:
-                drafter_kv.move(src, dst)
+                self._compact(drafter_kv, table, L, result.path)
         new = [toks[i] for i in result.path] + [result.next_token]
         target.rollback(L + 1 + m)
         # commit token by token so EOS / stopping criteria end generation exactly where HF would
@@ -259,6 +257,23 @@ class Engine:
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))
         return done
+
+    def _compact(self, kv, table, L: int, path: list[int]) -> None:
+        """Move the accepted path's KV (tree slots L+1+path) to L+1..L+m, in every layer."""
+        path_t = torch.tensor(path, device=self.device)
+        if self.kernel:  # the Triton kernel, addressed through the block table like the attention kernel
+            from .kernels import compact_kv
+
+            src_pos = L + 1 + path_t
+            dst_pos = torch.arange(L + 1, L + 1 + len(path), device=self.device)
+            block_table = table.block_table_tensor()
+            for layer in range(kv.num_layers):
+                if kv.k[layer] is not None:
+                    k_pages, v_pages = kv.pages_view(layer)
+                    compact_kv(k_pages, v_pages, block_table, src_pos, dst_pos)
+        else:
+            n = int(path_t.max()) + 1
+            kv.move(table.slots(L + 1, L + 1 + n)[path_t], table.slots(L + 1, L + 1 + len(path)))
 
     def _propose_tree(self, ctx: DraftContext, max_depth: int) -> Draft:
         """The drafter's tree for this step: the spec cut to max_depth levels, at most its node budget."""
