@@ -241,16 +241,17 @@ class Engine:
         # commit token by token so EOS / stopping criteria end generation exactly where HF would
         done = False
         emitted = 0
-        for tok in new:
+        rows = [0] + [i + 1 for i in result.path]  # the scores row that predicted each new token
+        for tok, row in zip(new, rows):
             tokens.append(tok)
             emitted += 1
-            if self._stops(tokens, T, limits, scores[min(emitted - 1, scores.shape[0] - 1)][None]):
+            if self._stops(tokens, T, limits, scores[row][None]):
                 done = True
                 break
         if self.drafter is not None:
             self.drafter.accept(len(tokens))
         table.truncate(target.valid)  # frees the pages of rejected nodes (the drafter rolled back in accept)
-        stats.record_step(n, m)
+        stats.record_step(n, m, depth=int(node_depth.max()) if n else 0)
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)

@@ -60,12 +60,14 @@ class SpecStats:
     def per_position_acceptance(self) -> list[float]:
         return [a / t if t else 0.0 for a, t in zip(self.accepted_by_position, self.tested_by_position)]
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """drafted: tokens (tree nodes) proposed; accepted: path length; depth: the draft's deepest level
+        (a chain's length; for a tree the positions that could be tested are its depths, not its nodes)."""
         self.draft_lengths.append(drafted)
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.target_forwards += 1
-        tested = min(drafted, accepted + 1)
+        tested = min(drafted if depth is None else depth, accepted + 1)
         while len(self.tested_by_position) < tested:
             self.tested_by_position.append(0)
             self.accepted_by_position.append(0)

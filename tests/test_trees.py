@@ -309,3 +309,15 @@ def test_lossy_typical_acceptance_on_trees_fails_the_same_test(sampling_models):
     target, draft, exact = sampling_models
     model = specdec.wrap(target, drafter=draft, tree=TreeSpec.static([2, 2, 1]), acceptance="typical")
     assert gof(exact, empirical(model, SAMPLES), SAMPLES) < 1e-6
+
+
+def test_tree_stats_count_depths_not_nodes():
+    """A tree's per-position acceptance is indexed by depth: a self-drafting 2-level tree is always right."""
+    target = build("llama", seed=0)
+    ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    out = specdec.generate(target, ids, drafter=target, tree=specdec.TreeSpec.static([3, 1]), max_new_tokens=20,
+                           eos_token_id=None, return_dict_in_generate=True)
+    s = out.stats
+    assert len(s.per_position_acceptance) == 2
+    assert s.per_position_acceptance == [1.0, 1.0] and s.alpha == 1.0
+    assert s.mean_accepted_length > 2.5
