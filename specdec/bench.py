@@ -135,6 +135,18 @@ def summarise(results: dict, k: int, greedy: bool) -> dict:
     return out
 
 
+def time_split(report: dict) -> str:
+    """Where a speculative generation's decode time goes, per mode: drafting, verification, the rest."""
+    lines = ["| mode | decode s | draft s | verify s | other s (commit, bookkeeping) | draft share |",
+             "|---|---|---|---|---|---|"]
+    for name, r in report["modes"].items():
+        if r.get("decode_s"):
+            other = r["decode_s"] - r["draft_s"] - r["verify_s"]
+            lines.append(f"| {name} | {r['decode_s']:.3f} | {r['draft_s']:.3f} | {r['verify_s']:.3f} | {other:.3f} | "
+                         f"{100 * r['draft_s'] / r['decode_s']:.0f} % |")
+    return "\n".join(lines)
+
+
 def to_markdown(report: dict) -> str:
     f = lambda v, p=2: "" if v is None else f"{v:.{p}f}"  # noqa: E731
     lines = ["| mode | tokens/s | min-max | speedup | vs HF assisted (best) | alpha | tau | k used | TTFT ms | "
@@ -148,6 +160,10 @@ def to_markdown(report: dict) -> str:
             f"{f(r.get('prefill_s') and r['prefill_s'] * 1e3, 1)} | {f(r.get('decode_s'))} | "
             f"{f(r.get('fraction_of_ideal') and 100 * r['fraction_of_ideal'], 0)} | "
             f"{'**' + str(r['mismatches']) + '**' if r['mismatches'] else 0} |")
+    lines += ["", "Where the decode time goes (mean per generation):", "", time_split(report),
+              "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
+              "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "
+              "growing with k."]
     return "\n".join(lines)
 
 
