@@ -56,6 +56,22 @@ def build(arch: str, seed: int = 0, layers: int | None = None, scale: float | No
     return model
 
 
+def tiny_vocab_model(vocab: int, seed: int, scale: float):
+    """A 1-layer Llama over a tiny vocabulary (for exact goodness-of-fit tests), weights scaled by `scale`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, bos_token_id=None,
+                      eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(scale)
+    return model
+
+
 def hf_greedy(model, ids, max_new_tokens, **kw):
     """The reference: HF's own greedy generate (explicit attention_mask: no pad-token guessing)."""
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,

@@ -9,11 +9,12 @@ import itertools
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                     TopKLogitsWarper)
 
 import specdec
+
+from conftest import tiny_vocab_model
 
 V = 4
 PROMPT = torch.tensor([[0, 1, 2]])
@@ -22,16 +23,7 @@ TEMPERATURE, TOP_K = 0.9, 3
 
 
 def tiny(seed, scale):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
-    return m
+    return tiny_vocab_model(V, seed, scale)
 
 
 def exact_joint(model):

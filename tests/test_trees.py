@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
 from specdec import TreeSpec
@@ -21,7 +20,7 @@ from specdec.processing import LogitsPipeline
 from specdec.tree import TreeGrower, depths, path_to, top_nodes
 from specdec.verifiers.sampling import SamplingParams
 
-from conftest import VOCAB, build, hf_greedy
+from conftest import VOCAB, build, hf_greedy, tiny_vocab_model
 from test_engine_sampling import TEMPERATURE, TOP_K, gof
 
 STATIC = TreeSpec.static([3, 2, 2])
@@ -246,16 +245,7 @@ SAMPLE_PROMPT = torch.tensor([[0, 1, 2]])
 
 
 def tiny(seed, scale=4.0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
-    return m
+    return tiny_vocab_model(V, seed, scale)
 
 
 def exact_joint(model):
