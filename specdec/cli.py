@@ -179,6 +179,14 @@ def cmd_zoo(a) -> None:
         write_cards(measure(a.prompts, a.new_tokens, Path(a.work)))
 
 
+def _add_sampling_args(parser) -> None:
+    """HF sampling settings, read back by _sampling_kwargs (greedy unless --do-sample)."""
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--top-p", type=float, default=1.0)
+
+
 def main(argv=None) -> None:
     from . import zoo
     from .cache.pool import PoolExhausted
@@ -192,10 +200,7 @@ def main(argv=None) -> None:
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--prompt", default=None, help="text to continue (default: a held-out zoo prompt)")
     d.add_argument("--prompt-index", type=int, default=0)
-    d.add_argument("--do-sample", action="store_true")
-    d.add_argument("--temperature", type=float, default=1.0)
-    d.add_argument("--top-k", type=int, default=50)
-    d.add_argument("--top-p", type=float, default=1.0)
+    _add_sampling_args(d)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--repeats", type=int, default=3)
     d.add_argument("--threads", type=int, default=2)
@@ -211,10 +216,7 @@ def main(argv=None) -> None:
     b.add_argument("--no-hf", action="store_true", help="skip HF assisted generation and prompt lookup")
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
-    b.add_argument("--do-sample", action="store_true")
-    b.add_argument("--temperature", type=float, default=1.0)
-    b.add_argument("--top-k", type=int, default=50)
-    b.add_argument("--top-p", type=float, default=1.0)
+    _add_sampling_args(b)
     s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
     s.add_argument("--target", default="target")
     s.add_argument("--drafts", nargs="*", help="zoo names, directories or hub ids (default: every zoo draft)")
@@ -232,10 +234,7 @@ def main(argv=None) -> None:
     ch.add_argument("--max-new-tokens", type=int, default=128)
     ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
     ch.add_argument("--threads", type=int, default=2)
-    ch.add_argument("--do-sample", action="store_true")
-    ch.add_argument("--temperature", type=float, default=1.0)
-    ch.add_argument("--top-k", type=int, default=50)
-    ch.add_argument("--top-p", type=float, default=1.0)
+    _add_sampling_args(ch)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list")
