@@ -60,6 +60,9 @@ modes = {"target-only (HF)": lambda ids: hf(ids),
          "specdec ngram adaptive": spec(specdec.wrap(target, drafter="ngram"))}
 for e in (1, 2, 3):
     modes[f"specdec early-exit E={e} adaptive"] = spec(specdec.wrap(target, drafter=EarlyExit(target, e)))
+for share in (True, False):  # what sharing layers < E saves: draft prefill, and E layers of every verification
+    modes[f"specdec early-exit E=3 k=2 {'shared KV' if share else 'own pages'}"] = spec(
+        specdec.wrap(target, drafter=EarlyExit(target, 3, share_kv=share), draft_length=2))
 for run in modes.values():
     run(prompts[0])
 rows = {m: {"tps": [], "tau": [], "alpha": [], "equal": True} for m in modes}

@@ -87,6 +87,7 @@ class Engine:
         self.keep_cache = keep_cache
         self._kept: _Kept | None = None
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
+        self.target_runner: ModelRunner | None = None  # the current generation's target runner
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -148,6 +149,7 @@ class Engine:
                 if streamer is not None:
                     streamer.put(prompt.cpu())
                     streamer.put(torch.tensor([first]))
+                self.target_runner = target  # a self-speculative drafter shares this runner's pages
                 if self.drafter is not None:  # the drafter's own prefill, after the first token is out
                     t_draft = time.perf_counter()
                     began = True
@@ -176,6 +178,7 @@ class Engine:
                 if began:
                     self.drafter.end()
                 table.release()
+                self.target_runner = None  # its page tensors go with it
             if streamer is not None:
                 streamer.end()
         return torch.tensor(tokens, dtype=torch.long), stats
@@ -221,7 +224,9 @@ class Engine:
         node_depth = depths(draft.parents) if n else draft.parents
         positions = torch.cat([torch.tensor([L], device=self.device), L + node_depth])
         verify_tokens = torch.cat([context[-1:], draft.tokens])
-        logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(draft.parents))
+        hidden = draft.hidden if n else None  # a self-speculative drafter already ran layers < from_layer
+        logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(draft.parents), hidden=hidden,
+                                start_layer=draft.from_layer if hidden is not None else 0)
         # one row per node: its prefix is the context plus the draft tokens on its path
         par = draft.parents.tolist()
         toks = draft.tokens.tolist()

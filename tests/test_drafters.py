@@ -37,3 +37,107 @@ def test_early_exit_errors_name_the_problem():
         EarlyExit(target, 4)
     with pytest.raises(ValueError, match="model.layers"):
         EarlyExit(build("gpt2"), 1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+def test_entering_the_last_layers_with_the_first_layers_hidden_is_the_full_model(arch):
+    """What makes KV sharing exact: last_layers(E) entered with first_layers(E)'s hidden states computes the
+    full model bit for bit, and the probe says so."""
+    from specdec.hf.layer_views import enters_hidden_exactly, first_layers, last_layers
+
+    target = build(arch, seed=1, layers=4)
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = target(ids, use_cache=False).logits
+        head = first_layers(target, 2)
+        head.model.norm.recording = True
+        head(ids, use_cache=False)
+        tail = last_layers(target, 2)(inputs_embeds=head.model.norm.captured[0], use_cache=False).logits
+    assert torch.equal(tail, full)
+    assert enters_hidden_exactly(target, 2) and EarlyExit(target, 2).share_kv
+
+
+def _scale_inputs_embeds(target):
+    """Make the decoder transform inputs_embeds before layer 0 (as some families do): sharing is then inexact."""
+    def hook(module, args, kwargs):
+        if kwargs.get("inputs_embeds") is not None:
+            kwargs["inputs_embeds"] = kwargs["inputs_embeds"] * 1.5
+        return args, kwargs
+
+    target.model.register_forward_pre_hook(hook, with_kwargs=True)
+    return target
+
+
+def test_the_probe_catches_a_decoder_that_transforms_inputs_embeds():
+    from specdec.hf.layer_views import enters_hidden_exactly
+
+    target = _scale_inputs_embeds(build("llama", seed=1, layers=4))
+    assert not enters_hidden_exactly(target, 2)
+    d = EarlyExit(target, 2)
+    assert not d.share_kv  # falls back: own pages, full verification, output still the target's
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    out = specdec.generate(target, ids, drafter=d, draft_length=3, max_new_tokens=16, eos_token_id=None)
+    assert torch.equal(out, hf_greedy(target, ids, 16, eos_token_id=None))
+    with pytest.raises(ValueError, match="does not reproduce its full forward"):
+        EarlyExit(target, 2, share_kv=True)
+
+
+def _spy_runs(monkeypatch):
+    from specdec.hf.runner import ModelRunner
+
+    calls = []
+    real = ModelRunner._run
+
+    def spy(self, tokens, start, positions, block_pos, tree_mask, logits_rows, hidden=None, start_layer=0):
+        calls.append((self.model, tokens.numel(), hidden is not None, start_layer, id(self.kv.k)))
+        return real(self, tokens, start, positions, block_pos, tree_mask, logits_rows, hidden, start_layer)
+
+    monkeypatch.setattr(ModelRunner, "_run", spy)
+    return calls
+
+
+def test_early_exit_writes_layers_below_exit_once_and_verification_skips_them(monkeypatch):
+    target = build("llama", seed=0, layers=4, scale=2.0)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(5))
+    ref = hf_greedy(target, ids, 24, eos_token_id=None)
+    calls = _spy_runs(monkeypatch)
+    d = EarlyExit(target, 3)
+    out = specdec.generate(target, ids, drafter=d, draft_length=3, max_new_tokens=24, eos_token_id=None)
+    assert torch.equal(out, ref)
+    target_calls = [c for c in calls if c[0] is target]
+    draft_calls = [c for c in calls if c[0] is d.model]
+    prefill, verifies = target_calls[0], target_calls[1:]
+    assert not prefill[2] and prefill[1] == ids.shape[1]  # the only full-depth target forward
+    # every verification of a draft enters at layer 3; a step without a draft (the last token) runs them all
+    assert len([c for c in verifies if c[1] > 1]) >= 4
+    assert all(c[2] == (c[1] > 1) and c[3] == (3 if c[1] > 1 else 0) for c in verifies)
+    assert all(c[1] == 1 for c in draft_calls)  # no draft prefill: one token per drafting forward
+    assert {c[4] for c in draft_calls} == {prefill[4]}  # the drafter writes the target's own page tensors
+
+
+def test_early_exit_without_sharing_keeps_its_own_pages(monkeypatch):
+    target = build("llama", seed=0, layers=4, scale=2.0)
+    ids = torch.randint(3, VOCAB, (1, 10), generator=torch.Generator().manual_seed(5))
+    calls = _spy_runs(monkeypatch)
+    d = EarlyExit(target, 3, share_kv=False)
+    out = specdec.generate(target, ids, drafter=d, draft_length=3, max_new_tokens=24, eos_token_id=None)
+    assert torch.equal(out, hf_greedy(target, ids, 24, eos_token_id=None))
+    assert not any(c[2] for c in calls)
+    assert {c[4] for c in calls if c[0] is d.model}.isdisjoint({c[4] for c in calls if c[0] is target})
+
+
+def test_early_exit_sharing_with_trees_sampling_and_kept_chat_cache():
+    target = build("qwen2", seed=0, layers=4, scale=2.0)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    ref = hf_greedy(target, ids, 20, eos_token_id=None)
+    tree = specdec.generate(target, ids, drafter=EarlyExit(target, 2), tree=specdec.TreeSpec.static([2, 2, 1]),
+                            max_new_tokens=20, eos_token_id=None)
+    assert torch.equal(tree, ref)
+    chat = specdec.wrap(target, drafter=EarlyExit(target, 2), keep_cache=True)
+    first = chat.generate(ids, max_new_tokens=10, eos_token_id=None, do_sample=False)
+    second = chat.generate(torch.cat([first, ids], 1), max_new_tokens=10, eos_token_id=None, do_sample=False)
+    assert torch.equal(second, hf_greedy(target, torch.cat([first, ids], 1), 10, eos_token_id=None))
+    torch.manual_seed(0)
+    sampled = specdec.generate(target, ids, drafter=EarlyExit(target, 2), max_new_tokens=20, do_sample=True,
+                               eos_token_id=None)
+    assert sampled.shape == (1, 28)

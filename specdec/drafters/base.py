@@ -24,11 +24,17 @@ class Draft:
     q_probs: [n, V] float32 or None. Row i is the draft distribution that token i was sampled FROM
              (for a tree: the parent's distribution, shared by siblings). None means the drafter is
              deterministic (argmax, lookup): its q is one-hot on the proposed token.
+    hidden:  [n + 1, H] or None. Set by a self-speculative drafter that ran the target's own layers
+             < from_layer over the root and every node (a chain) and wrote their KV into the target's
+             pages: the target's hidden states entering layer from_layer, for [root, node 0, ..., n-1].
+             The engine then verifies with layers >= from_layer only.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     q_probs: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    from_layer: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.numel())

@@ -1,56 +1,88 @@
 """Self-speculation: the target's own first E layers, plus its final norm and LM head, draft for it.
 
-`EarlyExit(target, exit_layer=E)` builds a *view* of the target (no weights copied: the first E decoder
-layers, the embeddings, the final norm and the LM head are the target's own modules) and drafts with it
-like any model drafter, over its own page tensors on the shared block table.
+`EarlyExit(target, exit_layer=E)` drafts with a *view* of the target (hf/layer_views.py: no weight is
+copied). With `share_kv` (the default where exact), the draft and the target share the KV of layers
+< E, and the work behind it:
 
-Exactness: the drafter's KV for layers < E is computed from the same weights and the same inputs as the
-target's, so it is bit-for-bit what the target writes for those layers *when both run the same tokens*;
-specdec still keeps the two sets of pages apart (the target re-computes its own), which costs E/L of a
-draft's KV writes but never trades correctness. Sharing them (writing once) is a planned optimisation.
-Greedy output is always the target's: the drafter only proposes, the target verifies.
+- no draft prefill and no draft pages: the target's prefill already wrote layers < E for the prompt;
+- each drafting forward (root, then every draft token, the last one included) writes its layer < E KV
+  straight into the target's pages and keeps its hidden state leaving layer E - 1;
+- verification runs only layers >= E over [root, draft], entered with those hidden states
+  (Draft.hidden); rejected positions are rolled back with the target's own KV, as always.
+
+When this is exact: the draft's layers < E compute, for the same token at the same position over the
+same prefix KV, the same function the target's forward would; so the shared KV and hidden states are
+the target's own values (bit for bit in fp32 on CPU; on accelerators up to the usual batch-shape
+rounding, the same single-token shapes plain decoding uses). It needs the decoder to hand
+`inputs_embeds` to its first layer untouched: checked on the model itself when the drafter is built
+(layer_views.enters_hidden_exactly, a bit-for-bit probe). A model that fails it falls back to separate
+draft pages and a full verification, as do token trees (tree nodes are scratch the verification
+overwrites). Greedy
+output is the target's either way: the drafter only proposes, the target verifies.
 """
 from __future__ import annotations
 
-import copy
+import torch
 
-import torch.nn as nn
-
+from ..hf.layer_views import enters_hidden_exactly, first_layers
+from ..hf.runner import ModelRunner
+from .base import Draft, DraftContext
 from .model import ModelDrafter
 
 
-def _decoder(model):
-    inner = getattr(model, "model", None)
-    if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
-        raise ValueError(f"EarlyExit needs a decoder with `model.layers` (Llama, Mistral, Qwen, Gemma, Phi-3 ...); "
-                         f"{type(model).__name__} has none")
-    return inner
-
-
-def early_exit_view(target, exit_layer: int):
-    """A model object that runs the target's first `exit_layer` layers then its norm and LM head."""
-    inner = _decoder(target)
-    total = len(inner.layers)
-    if not 1 <= exit_layer < total:
-        raise ValueError(f"exit_layer must be in [1, {total - 1}] for a {total}-layer target, got {exit_layer}")
-    view = copy.copy(target)
-    view._modules = dict(target._modules)
-    view_inner = copy.copy(inner)
-    view_inner._modules = dict(inner._modules)
-    view_inner.layers = nn.ModuleList(list(inner.layers)[:exit_layer])
-    config = copy.deepcopy(target.config)
-    config.num_hidden_layers = exit_layer
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:exit_layer]
-    view_inner.config = config
-    view.config = config
-    view._modules["model"] = view_inner
-    return view
-
-
 class EarlyExit(ModelDrafter):
-    """Draft with the target's first `exit_layer` layers (self-speculation; no second model)."""
+    """Draft with the target's first `exit_layer` layers (self-speculation; no second model).
 
-    def __init__(self, target, exit_layer: int):
-        super().__init__(early_exit_view(target, exit_layer))
+    share_kv: None (share layers < E with the target where exact, see module docstring), True
+    (require it: ValueError for a model where it is not exact) or False (own pages, full verification).
+    """
+
+    def __init__(self, target, exit_layer: int, share_kv: bool | None = None):
+        super().__init__(first_layers(target, exit_layer))
+        exact = share_kv is not False and enters_hidden_exactly(target, exit_layer)
+        if share_kv and not exact:
+            raise ValueError(f"share_kv=True: entering {type(target).__name__} at layer {exit_layer} with hidden "
+                             "states does not reproduce its full forward (its decoder transforms inputs_embeds "
+                             "before the first layer); use share_kv=None or False")
+        self.target = target
         self.exit_layer = exit_layer
+        self.share_kv = exact if share_kv is None else share_kv
+        self._tap = self.model.model.norm
+        self._target_kv = None
+
+    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+        if not self.share_kv:
+            return super().begin(engine, table, prompt)
+        if engine.target is not self.target or engine.target_runner is None:
+            raise ValueError("EarlyExit(share_kv) must draft for the model it was built from")
+        target_kv = engine.target_runner.kv
+        self.runner = ModelRunner(self.model, table.pool, table, engine.kernel)
+        self.runner.kv.k, self.runner.kv.v = target_kv.k, target_kv.v  # layers < E: the target's own tensors
+        self._target_kv = target_kv
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        if not self.share_kv:
+            return super().propose(ctx, budget)
+        runner = self.runner
+        runner.kv.valid = self._target_kv.valid  # the target's KV, every layer, covers [0, root)
+        self._tap.captured.clear()
+        self._tap.recording = True
+        try:
+            draft = super().propose(ctx, budget)  # forwards: root, then tokens 0 .. n-2
+            runner.forward(draft.tokens[-1:], logits_rows=torch.zeros(0, dtype=torch.long))  # token n-1's KV
+            captured = self._tap.captured
+            hidden = torch.cat([captured[0][0, -1:]] + [h[0] for h in captured[1:]])  # [n + 1, H]
+        finally:
+            self._tap.recording = False
+            self._tap.captured.clear()
+        draft.hidden, draft.from_layer = hidden, self.exit_layer
+        return draft
+
+    def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
+        if self.share_kv:  # the target's KV for [0, root) is ours; tree nodes are scratch it overwrites
+            self.runner.kv.valid = self._target_kv.valid
+        return super().propose_tree(ctx, spec, budget)
+
+    def end(self) -> None:
+        super().end()
+        self._target_kv = None

@@ -2,6 +2,8 @@
 
 The same runner serves the target (prefill, verification of a chain or tree) and a model drafter
 (catch-up, one drafting step per depth). Callers must be inside `specdec_attention(model)`.
+A forward may also enter at layer E with hidden states instead of tokens (`hidden=`, `start_layer=E`):
+the target's verification after a self-speculative drafter has run, and written the KV of, layers < E.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class ModelRunner:
         self.cache = PagedCache(self.kv)
         self.kernel = kernel
         self.num_layers = self.kv.num_layers
+        self._tails: dict[int, object] = {}  # start_layer -> layer view (see hf/layer_views.py)
 
     @property
     def valid(self) -> int:
@@ -53,12 +56,15 @@ class ModelRunner:
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, logits_rows=None) -> torch.Tensor:
+                tree_mask: torch.Tensor | None = None, logits_rows=None, hidden: torch.Tensor | None = None,
+                start_layer: int = 0) -> torch.Tensor:
         """Run n new tokens written at sequence positions valid..valid+n-1.
 
         tokens [n] int64; positions [n] int64 (RoPE / learned positions; default valid + arange(n), a
         tree passes valid + depth); tree_mask [n, n] bool (default causal); logits_rows: None (all), an
         int r (last r rows) or an index tensor. Returns logits [r, V] float32. Advances `valid` by n.
+        hidden [n, H]: the tokens' hidden states entering layer `start_layer` (> 0); layers below it are
+        skipped, and their KV for these positions must already be in the pages.
         """
         n = tokens.numel()
         start = self.kv.valid
@@ -66,7 +72,7 @@ class ModelRunner:
             positions = torch.arange(start, start + n, device=self.device)
         if tree_mask is None:
             tree_mask = causal_mask(n, self.device)
-        logits = self._run(tokens, start, positions, None, tree_mask, logits_rows)
+        logits = self._run(tokens, start, positions, None, tree_mask, logits_rows, hidden, start_layer)
         self.kv.valid = start + n
         return logits
 
@@ -86,9 +92,23 @@ class ModelRunner:
             raise ValueError(f"forward_tree: tree_mask must be [n, m + n] = [{n}, {b}], got {tuple(tree_mask.shape)}")
         return self._run(tokens, self.kv.valid, block_pos[b - n:], block_pos, tree_mask, logits_rows)
 
-    def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows) -> torch.Tensor:
+    def _model_from(self, start_layer: int):
+        if start_layer == 0:
+            return self.model
+        view = self._tails.get(start_layer)
+        if view is None:
+            from .layer_views import last_layers
+
+            view = self._tails[start_layer] = last_layers(self.model, start_layer)
+        return view
+
+    def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows, hidden=None,
+             start_layer: int = 0) -> torch.Tensor:
         """One forward: the n tokens go to the last n of positions start .. start+b-1 (b = tree_mask's width)."""
         n, b = tokens.numel(), tree_mask.shape[1]
+        if hidden is not None and (start_layer <= 0 or hidden.shape[0] != n):
+            raise ValueError(f"hidden must be [n = {n}, H] entering a layer > 0; got {tuple(hidden.shape)} at "
+                             f"layer {start_layer}")
         end = start + b
         self.table.reserve(end)
         meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
@@ -97,11 +117,14 @@ class ModelRunner:
                         block_pos=block_pos)
         self.cache.meta = meta
         keep = 0 if logits_rows is None else logits_rows
-        out = self.model(input_ids=tokens[None], position_ids=positions[None], cache=self.cache, use_cache=True,
-                         specdec_meta=meta, logits_to_keep=keep)
-        if meta.calls != self.num_layers:
+        inputs = dict(input_ids=tokens[None]) if hidden is None else dict(inputs_embeds=hidden[None])
+        out = self._model_from(start_layer if hidden is not None else 0)(
+            **inputs, position_ids=positions[None], cache=self.cache, use_cache=True, specdec_meta=meta,
+            logits_to_keep=keep)
+        layers = self.num_layers - (start_layer if hidden is not None else 0)
+        if meta.calls != layers:
             raise RuntimeError(
-                f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {self.num_layers} layers; "
+                f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {layers} layers; "
                 "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
         self.cache.meta = None
         return out.logits[0].float()

@@ -31,7 +31,7 @@ VOCAB = 4096
 SEQ_LEN = 256
 # training tokens per model: the target ~0.6 epoch of the ~8.9M-token training split (what fits a CPU
 # afternoon); drafts are cheap, so the distilled ones get more tokens than their size suggests.
-DEFAULT_TOKENS = {"target": 5_400_000, "draft-tiny": 1_800_000, "draft-small": 2_100_000, "draft-wide": 4_000_000}
+DEFAULT_TOKENS = {"target": 5_400_000, "draft-tiny": 1_800_000, "draft-small": 2_100_000, "draft-wide": 12_000_000}
 
 
 @dataclass
@@ -46,6 +46,7 @@ class TrainArgs:
     threads: int = 2
     ckpt_minutes: float = 3.0
     log_every: int = 10
+    agree_every: int = 100  # steps between teacher-forced agreement checks against the target (drafts only)
 
 
 def llama_config(name: str):
@@ -112,6 +113,17 @@ def heldout_loss(model, data: np.ndarray, windows: int = 64, seq_len: int = SEQ_
     return total / windows
 
 
+@torch.no_grad()
+def agreement(model, windows: torch.Tensor, target_argmax: torch.Tensor) -> float:
+    """Teacher-forced top-1 agreement with the target. windows: [n, SEQ_LEN]; target_argmax: [n, SEQ_LEN]."""
+    was_training = model.training
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pred = model(windows).logits.argmax(-1)
+    model.train(was_training)
+    return (pred == target_argmax).float().mean().item()
+
+
 def _load_teacher(work: Path):
     from transformers import LlamaForCausalLM
 
@@ -132,7 +144,14 @@ def train(args: TrainArgs) -> dict:
     data = np.load(args.work / "train.npy", mmap_mode="r")
     heldout = np.load(args.work / "heldout.npy", mmap_mode="r")
     teacher_kind = ARCHS[args.name][5]
-    teacher = _load_teacher(args.work) if teacher_kind else None
+    has_target = args.name != "target" and (args.work / "target" / "ckpt.pt").exists()
+    reference = _load_teacher(args.work) if has_target else None  # the target: teacher and/or yardstick
+    teacher = reference if teacher_kind else None
+    if reference is not None:  # how agreement with the target grows over training, on fixed held-out windows
+        starts = np.linspace(0, len(heldout) - SEQ_LEN - 1, 8).astype(np.int64)
+        agree_x = torch.from_numpy(np.stack([heldout[s:s + SEQ_LEN].astype(np.int64) for s in starts]))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            agree_y = reference(agree_x).logits.argmax(-1)
 
     torch.manual_seed(args.seed)
     model = LlamaForCausalLM(llama_config(args.name))
@@ -186,6 +205,8 @@ def train(args: TrainArgs) -> dict:
         if step % args.log_every == 0 or step == 1:
             rec = {"step": step, "tokens": step * tokens_per_step, "loss": round(loss.item(), 4),
                    "ce": round(ce.item(), 4), "elapsed_s": round(elapsed, 1)}
+            if reference is not None and (step % args.agree_every == 0 or step == total_steps):
+                rec["agree"] = round(agreement(model, agree_x, agree_y), 4)
             log.write(json.dumps(rec) + "\n")
             log.flush()
             bar.set_postfix(loss=f"{loss.item():.3f}", ce=f"{ce.item():.3f}")
@@ -199,6 +220,8 @@ def train(args: TrainArgs) -> dict:
                "train_tokens": step * tokens_per_step, "train_seconds": round(elapsed, 1),
                "heldout_loss": round(loss, 4), "heldout_ppl": round(math.exp(loss), 2),
                "teacher": teacher_kind, "args": {k: str(v) for k, v in asdict(args).items()}}
+    if reference is not None:
+        summary["heldout_agreement"] = round(agreement(model, agree_x, agree_y), 4)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     out = args.out / args.name
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
