@@ -2,8 +2,10 @@
 costs, then check the prediction against measured speedups.
 
 Per draft and temperature: per-position acceptance alpha_j (censoring-free), alpha, tau, c (draft time
-per token / target time per token), the predicted speedup S(k) = tau(k) T_1 / (k T_draft + T_verify(k+1))
-with T_verify measured for every n on the target, the measured speedup at each k (specdec vs plain
+per token / plain decoding time per token), the predicted speedup
+S(k) = tau(k) T_plain / (k T_draft + T_verify(k+1) + T_step), with T_verify measured for every n on the
+target, T_plain the engine's plain decoding time per token and T_step the engine's per-step work outside
+drafting and the bare forward (measured in the max-k probe), the measured speedup at each k (specdec vs plain
 decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
 below 1 is not swept (stopped early). Writes report.json, report.md and PNG plots.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .policy import expected_speedup
+from .policy import expected_tokens
 
 
 def _verify_costs(target, ids, max_n: int, reps: int = 5) -> dict[int, float]:
@@ -69,6 +71,8 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
             sampling = {"do_sample": temp > 0, **({"temperature": temp} if temp > 0 else {})}
             plain = specdec.wrap(target, drafter=None, draft_length=0)
             probe = specdec.wrap(target, drafter=model, draft_length=max_k)
+            plain_stats = [plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                          return_dict_in_generate=True, **sampling).stats for p in prompts]
             stats = [probe.generate(p, max_new_tokens=new_tokens, return_dict_in_generate=True, **sampling).stats
                      for p in prompts]
             tested = [sum(s.tested_by_position[j] for s in stats if j < len(s.tested_by_position))
@@ -77,11 +81,16 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
                    for j in range(max_k)]
             alphas = [a / t if t else 0.0 for a, t in zip(acc, tested)]
             t_draft = sum(s.draft_s for s in stats) / max(1, sum(s.drafted_tokens for s in stats))
-            t1 = t_verify[1]
-            predicted = {k: expected_speedup(alphas, k, t_draft, lambda n: t_verify[n], t1) for k in range(max_k + 1)}
+            # the engine's own costs: plain decoding per token, and per step what is neither drafting nor
+            # the bare verification forward (scoring, acceptance, commit), measured in the probe
+            t_plain = sum(s.decode_s for s in plain_stats) / max(1, sum(s.new_tokens - 1 for s in plain_stats))
+            steps = max(1, sum(s.target_forwards for s in stats))
+            step_extra = max(0.0, sum(s.decode_s - s.draft_s for s in stats) / steps - t_verify[max_k + 1])
+            predicted = {k: expected_tokens(alphas, k) * t_plain / (k * t_draft + t_verify[k + 1] + step_extra)
+                         for k in range(max_k + 1)}
             rec = {"per_position_acceptance": alphas, "alpha": sum(acc) / max(1, sum(tested)),
-                   "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t1,
-                   "predicted_speedup": predicted}
+                   "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t_plain,
+                   "t_plain_s": t_plain, "step_overhead_s": step_extra, "predicted_speedup": predicted}
             best_pred = max(predicted, key=predicted.get)
             if max(predicted[k] for k in range(1, max_k + 1)) < 0.9:
                 rec["stopped_early"] = "predicted speedup below 0.9 at every k >= 1: not swept"
