@@ -255,21 +255,29 @@ class CostModel:
 
     x <- (1 - smoothing) * x + smoothing * new; the first measurement of a quantity is taken as is.
 
-    T_verify(n) for an n never measured is interpolated linearly between the nearest measured n on each
-    side, or extrapolated from the two nearest on one side with a slope clamped at >= 0 (a forward over
-    more tokens never costs less). It is never below T_target_1, and T_target_1, when not measured
-    itself, is never below max_n T_verify(n) / n (batching n tokens never costs more than n plain steps).
-    Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
+    T_verify(n) is a line, T_verify(n) = a + b (n - 1) with b >= 0 (a forward over more tokens never costs
+    less), fitted by weighted least squares through the per-n EMAs, each weighted by how often, and how
+    recently, that n was measured (weights decay by `forgetting` per measurement). One line for every n,
+    not a table: a slow measurement at an n the plan then stops visiting (a first forward at a new shape
+    pays for kernel set-up) fades behind the n's measured every step, instead of pricing that k out for
+    good. With one n measured the line is flat. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
+    costs more than n plain steps), and T_verify(n) >= T_target_1. Before any measurement the unit is
+    arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
     """
 
     DEFAULT_C = 0.1
 
-    def __init__(self, smoothing: float = 0.2):
+    def __init__(self, smoothing: float = 0.2, forgetting: float = 0.9):
         if not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        if not 0.0 < forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
         self.smoothing = float(smoothing)
+        self.forgetting = float(forgetting)
         self._draft: float | None = None  # seconds per drafted token
-        self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds
+        self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds (EMA)
+        self._weight: dict[int, float] = {}  # n -> measurements seen, decayed by `forgetting` per measurement
+        self._fitted: tuple[float, float] | None = None  # (a, b), cached until the next measurement
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1.0 - self.smoothing) * old + self.smoothing * new
@@ -286,6 +294,10 @@ class CostModel:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
         if seconds >= 0:
             self._verify[n] = self._ema(self._verify.get(n), float(seconds))
+            for m in self._weight:
+                self._weight[m] *= self.forgetting
+            self._weight[n] = self._weight.get(n, 0.0) + 1.0
+            self._fitted = None
 
     def observe_plain(self, seconds: float) -> None:
         """A plain decoding step: the target forward over one token (T_target_1)."""
@@ -296,43 +308,34 @@ class CostModel:
         """True once at least one target forward has been timed."""
         return bool(self._verify)
 
-    def _line(self, n: int, pts: list[tuple[int, float]]) -> float:
-        """Piecewise-linear T_verify(n) through the measured points `pts` (sorted by n, >= 1 point)."""
-        if len(pts) == 1:
-            return pts[0][1]  # one point: assume flat (memory-bound) until a second n is measured
-        if n <= pts[0][0]:
-            (n0, t0), (n1, t1) = pts[0], pts[1]
-        elif n >= pts[-1][0]:
-            (n0, t0), (n1, t1) = pts[-2], pts[-1]
-        else:
-            i = next(i for i in range(1, len(pts)) if pts[i][0] >= n)
-            (n0, t0), (n1, t1) = pts[i - 1], pts[i]
-            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-        slope = max(0.0, (t1 - t0) / (n1 - n0))
-        return t0 + slope * (n - n0) if n <= n0 else t1 + slope * (n - n1)
+    def _line(self) -> tuple[float, float]:
+        """(a, b) of T_verify(n) = a + b (n - 1), weighted least squares, b >= 0; a floored (see class doc)."""
+        if self._fitted is None:
+            w = self._weight
+            total = sum(w.values())
+            xm = sum(w[n] * n for n in self._verify) / total
+            ym = sum(w[n] * t for n, t in self._verify.items()) / total
+            sxx = sum(w[n] * (n - xm) ** 2 for n in self._verify)
+            sxy = sum(w[n] * (n - xm) * (t - ym) for n, t in self._verify.items())
+            b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+            a = max(ym - b * (xm - 1.0), max(t / n for n, t in self._verify.items()))
+            self._fitted = (a, b)
+        return self._fitted
 
     @property
     def t_target_1(self) -> float:
         """Seconds for a plain decoding step (target forward over 1 token)."""
-        if 1 in self._verify:
-            return self._verify[1]
-        if not self._verify:
-            return 1.0
-        pts = sorted(self._verify.items())
-        floor = max(t / n for n, t in pts)
-        return max(self._line(1, pts), floor)
+        return self._line()[0] if self._verify else 1.0
 
     def t_verify(self, n: int) -> float:
-        """Seconds for a target forward over n tokens: measured if seen, else interpolated (see class doc)."""
+        """Seconds for a target forward over n tokens, from the fitted line (see class doc)."""
         n = int(n)
         if n < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
-        if n in self._verify:
-            return self._verify[n]
-        t1 = self.t_target_1
-        if n == 1 or not self._verify:
-            return t1
-        return max(self._line(n, sorted(self._verify.items())), t1)
+        if not self._verify:
+            return 1.0
+        a, b = self._line()
+        return a + b * (n - 1)
 
     @property
     def t_draft(self) -> float:
