@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -227,6 +228,8 @@ def train(args: TrainArgs) -> dict:
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(args.work / "tokenizer").save_pretrained(out)
     (out / "training.json").write_text(json.dumps(summary, indent=2))
+    log.close()
+    shutil.copyfile(run_dir / "log.jsonl", out / "training_log.jsonl")  # the loss (and agreement) curve
     print(f"[zoo] {args.name}: held-out loss {loss:.3f} (ppl {math.exp(loss):.1f}) -> {out}")
     return summary
 
