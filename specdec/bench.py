@@ -45,27 +45,39 @@ def _spec_mode(model, n):
     return run
 
 
-def build_modes(target, draft, n: int, k: int, tree=None, include_hf: bool = True) -> dict:
+def _ks(k) -> list[int]:
+    ks = sorted({int(k)}) if isinstance(k, int) else sorted({int(x) for x in k})
+    if not ks or ks[0] < 1:
+        raise ValueError(f"draft lengths k must be ints >= 1, got {k!r}")
+    return ks
+
+
+def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True) -> dict:
+    """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
+    the best of them), prompt lookup at the largest."""
+    import copy
+
     import specdec
 
+    ks = _ks(k)
     modes = {"target-only": _hf_mode(target, n)}
     if include_hf and draft is not None:
-        import copy
-
-        fixed = copy.copy(draft)
-        fixed.generation_config = copy.deepcopy(draft.generation_config)
-        fixed.generation_config.num_assistant_tokens = k
-        fixed.generation_config.num_assistant_tokens_schedule = "constant"
-        fixed.generation_config.assistant_confidence_threshold = 0.0
+        for kk in ks:
+            fixed = copy.copy(draft)
+            fixed.generation_config = copy.deepcopy(draft.generation_config)
+            fixed.generation_config.num_assistant_tokens = kk
+            fixed.generation_config.num_assistant_tokens_schedule = "constant"
+            fixed.generation_config.assistant_confidence_threshold = 0.0
+            modes[f"HF assisted k={kk}"] = _hf_mode(target, n, assistant_model=fixed)
         heur = copy.copy(draft)
         heur.generation_config = copy.deepcopy(draft.generation_config)
         heur.generation_config.num_assistant_tokens_schedule = "heuristic"
-        modes[f"HF assisted k={k}"] = _hf_mode(target, n, assistant_model=fixed)
         modes["HF assisted heuristic"] = _hf_mode(target, n, assistant_model=heur)
     if include_hf:
-        modes["HF prompt lookup"] = _hf_mode(target, n, prompt_lookup_num_tokens=k)
+        modes["HF prompt lookup"] = _hf_mode(target, n, prompt_lookup_num_tokens=ks[-1])
     if draft is not None:
-        modes[f"specdec k={k}"] = _spec_mode(specdec.wrap(target, drafter=draft, draft_length=k), n)
+        for kk in ks:
+            modes[f"specdec k={kk}"] = _spec_mode(specdec.wrap(target, drafter=draft, draft_length=kk), n)
         modes["specdec adaptive"] = _spec_mode(specdec.wrap(target, drafter=draft), n)
         if tree is not None:
             modes["specdec tree"] = _spec_mode(specdec.wrap(target, drafter=draft, tree=tree), n)
@@ -73,7 +85,7 @@ def build_modes(target, draft, n: int, k: int, tree=None, include_hf: bool = Tru
     return modes
 
 
-def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k: int = 4, repeats: int = 3,
+def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k=4, repeats: int = 3,
               sampling: dict | None = None, tree=None, include_hf: bool = True, progress: bool = True) -> dict:
     """prompts: list of [1, T] int64. Returns the report dict (also what `specdec bench` writes as JSON)."""
     from tqdm import tqdm
@@ -102,10 +114,10 @@ def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k: int =
                         res.mismatches += 1
                 bar.update(1)
     bar.close()
-    return summarise(results, k, greedy)
+    return summarise(results, _ks(k), greedy)
 
 
-def summarise(results: dict, k: int, greedy: bool) -> dict:
+def summarise(results: dict, k, greedy: bool) -> dict:
     base = statistics.median(results["target-only"].tokens_per_s)
     hf_best = max((statistics.median(r.tokens_per_s) for n, r in results.items() if n.startswith("HF assisted")),
                   default=None)
@@ -132,6 +144,12 @@ def summarise(results: dict, k: int, greedy: bool) -> dict:
                        draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
                        ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal)
         out["modes"][name] = row
+    drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and n != "specdec ngram"}
+    if drafted and hf_best:  # the headline: specdec's best mode with the draft vs HF's best with the same draft
+        name = max(drafted, key=lambda n: drafted[n]["tokens_per_s"])
+        out["best_with_draft"] = {"mode": name, "speedup": drafted[name]["speedup"],
+                                  "vs_hf_assisted_best": drafted[name]["vs_hf_assisted_best"],
+                                  "fraction_of_ideal": drafted[name].get("fraction_of_ideal")}
     return out
 
 
@@ -160,6 +178,11 @@ def to_markdown(report: dict) -> str:
             f"{f(r.get('prefill_s') and r['prefill_s'] * 1e3, 1)} | {f(r.get('decode_s'))} | "
             f"{f(r.get('fraction_of_ideal') and 100 * r['fraction_of_ideal'], 0)} | "
             f"{'**' + str(r['mismatches']) + '**' if r['mismatches'] else 0} |")
+    best = report.get("best_with_draft")
+    if best:
+        lines += ["", f"Best specdec mode with the draft: **{best['mode']}**, {best['speedup']:.2f}x target-only, "
+                  f"{best['vs_hf_assisted_best']:.2f}x HF assisted at its best setting, "
+                  f"{100 * (best['fraction_of_ideal'] or 0):.0f} % of the ideal speedup."]
     lines += ["", "Where the decode time goes (mean per generation):", "", time_split(report),
               "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
               "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "

@@ -117,7 +117,7 @@ def cmd_bench(a) -> None:
     cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
     out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target}, drafter {a.drafter}, "
                                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
-                                      f"k = {a.k}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
+                                      f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
     print(md)
     bad = [m for m, r in report["modes"].items() if r["mismatches"]]
     if bad:
@@ -211,7 +211,8 @@ def main(argv=None) -> None:
     b.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' field (default: zoo held-out)")
     b.add_argument("--num-prompts", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--k", type=int, default=4)
+    b.add_argument("--k", type=int, nargs="+", default=[2, 3, 4],
+                   help="draft lengths for the fixed-k modes, HF assisted and specdec alike (default: 2 3 4)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-hf", action="store_true", help="skip HF assisted generation and prompt lookup")
     b.add_argument("--out", default="benchmarks/results/bench")

@@ -17,6 +17,12 @@ def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
     for field in ("alpha", "tau", "draft_length", "ttft_s", "tpot_s", "prefill_s", "decode_s", "fraction_of_ideal"):
         assert field in modes["specdec k=4"]
     assert "| specdec adaptive |" in out.with_suffix(".md").read_text()
+    for m in ("HF assisted k=2", "HF assisted k=3", "specdec k=2", "specdec k=3"):  # the default k sweep
+        assert modes[m]["mismatches"] == 0
+    best = report["best_with_draft"]
+    assert best["mode"].startswith("specdec") and best["mode"] != "specdec ngram"
+    assert best["speedup"] == max(r["speedup"] for n, r in modes.items() if n.startswith("specdec k=") or
+                                  n == "specdec adaptive")
 
 
 def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
