@@ -152,8 +152,12 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
         raise ValueError(f"draft_length must be >= 0, 'adaptive' or 'heuristic', got {draft_length}")
     if tree is not None and isinstance(draft_length, int) and not isinstance(draft_length, bool):
-        raise ValueError(f"draft_length={draft_length} sets a chain's length; with tree={tree!r} the TreeSpec sets "
-                         "the node budget: pass one of the two")
+        if getattr(tree, "kind", None) == "static":
+            raise ValueError(f"draft_length={draft_length} sets a chain's length or a dynamic tree's node count; "
+                             f"tree={tree!r} fixes its own shape: pass one of the two")
+        if getattr(tree, "kind", None) == "dynamic" and not 1 <= draft_length <= tree.nodes:
+            raise ValueError(f"draft_length={draft_length} is a node count for tree={tree!r}: it must be in "
+                             f"[1, {tree.nodes}]")
     target.eval()
     return Engine(target, _resolve_drafter(target, drafter), make_policy(draft_length, max_draft_length),
                   acceptance=acceptance, tree=tree, keep_cache=keep_cache)
@@ -185,7 +189,9 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
     return_dict_in_generate=True. drafter: a PreTrainedModel sharing the vocabulary, a Drafter, 'ngram' or
     None (plain decoding through the same engine). tree: None (draft a chain) or a specdec.TreeSpec (draft a
-    token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram').
+    token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
+    a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
+    and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`).
     """
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
     return _run(engine, input_ids, **kwargs)

@@ -10,7 +10,9 @@ forward, keeps the accepted path's KV, and commits accepted tokens + one correct
 
 Chains or trees: without a TreeSpec the policy sets the chain length each step; with one (`tree=`) the
 drafter proposes a tree of the spec's shape, its depth cut so that the step can emit no more tokens
-than are left (a tree of depth d emits at most d + 1) and no position passes the model's last.
+than are left (a tree of depth d emits at most d + 1) and no position passes the model's last; a policy
+with `tree_budget` (the adaptive one) sets a dynamic tree's node count each step (a static tree keeps
+the exact shape it was given).
 """
 from __future__ import annotations
 
@@ -260,6 +262,10 @@ class Engine:
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
+        if n and draft.scores is not None and hasattr(self.policy, "observe_tree"):  # per-rank acceptance
+            on_path = set(result.path)
+            order = sorted(range(n), key=lambda i: (-float(draft.scores[i]), i))
+            self.policy.observe_tree([i in on_path for i in order], t1 - t0)
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))
         return done
@@ -284,14 +290,20 @@ class Engine:
     def _propose_tree(self, ctx: DraftContext, max_depth: int) -> Draft:
         """The drafter's tree for this step: the spec cut to max_depth levels, at most its node budget."""
         spec = self.tree.limited(max_depth)
-        draft = self.drafter.propose_tree(ctx, spec, spec.nodes)
+        plan = getattr(self.policy, "tree_budget", None)  # the adaptive policy sizes a dynamic tree
+        nodes = spec.nodes if plan is None or spec.kind == "static" else min(spec.nodes, plan(spec.nodes))
+        if nodes <= 0:
+            return Draft.empty(self.device)
+        draft = self.drafter.propose_tree(ctx, spec, nodes)
         if len(draft) == 0:
             return draft
         shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed
         if len(shallow) < len(draft):  # lookup branches may run deeper than the spec allows
             parents = subtree_parents(draft.parents.tolist(), shallow.tolist())
             q = None if draft.q_probs is None else draft.q_probs[shallow]
-            draft = Draft(draft.tokens[shallow], torch.tensor(parents, dtype=torch.long, device=self.device), q)
+            scores = None if draft.scores is None else draft.scores[shallow.cpu()]
+            draft = Draft(draft.tokens[shallow], torch.tensor(parents, dtype=torch.long, device=self.device), q,
+                          scores=scores)
         return draft
 
     def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):

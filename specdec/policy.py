@@ -158,6 +158,13 @@ class AcceptanceTracker:
     be accepted. For the tested positions it replaces the 0/1 outcome (success mass beta_j, failure mass
     1 - beta_j): same expectation, much less noise. Whether position j is tested depends only on the
     positions before it, so this stays unbiased.
+
+    Trees (`observe_ranks`, `per_rank`): the r-th best node of a step's tree (by the draft's path
+    probability) is accepted with some rate rho_r, and the tokens a tree emits are 1 + the number of
+    accepted nodes, so a tree of the best B nodes emits 1 + sum_{r<=B} rho_r in expectation. Ranks past
+    the budget drafted are not tested (censoring again): a rank's rate is shrunk towards the rate of the
+    rank before it, and an untested rank takes that rate. (Rates need not fall with r: a shallow sibling
+    can outscore a deep node on the top path that is accepted more often.)
     """
 
     def __init__(self, forgetting: float = 0.95, max_positions: int = 16, prior: tuple[float, float] = (1.0, 1.0)):
@@ -174,7 +181,10 @@ class AcceptanceTracker:
         self.a, self.b = a0, b0
         self._pos_a = [0.0] * self.max_positions  # [max_positions] success mass at position j
         self._pos_b = [0.0] * self.max_positions  # [max_positions] failure mass at position j
+        self._rank_a: list[float] = []  # [ranks seen] success mass of the r-th best tree node
+        self._rank_b: list[float] = []  # [ranks seen] failure mass of the r-th best tree node
         self._steps = 0
+        self.tree_steps = 0
 
     def observe(self, k: int, n: int, beta: Sequence[float] | None = None) -> None:
         """Record one step: n accepted of k drafted.
@@ -212,6 +222,34 @@ class AcceptanceTracker:
             pa[j] += outcomes[j]
             pb[j] += 1.0 - outcomes[j]
         self._steps += 1
+
+    def observe_ranks(self, accepted: Sequence[bool]) -> None:
+        """One tree step: accepted[r] says whether the step's (r+1)-th best node (by path probability) was
+        on the accepted path; its length is the number of nodes drafted."""
+        lam = self.forgetting
+        while len(self._rank_a) < len(accepted):
+            self._rank_a.append(0.0)
+            self._rank_b.append(0.0)
+        for r in range(len(self._rank_a)):
+            self._rank_a[r] *= lam
+            self._rank_b[r] *= lam
+        for r, ok in enumerate(accepted):
+            self._rank_a[r] += 1.0 if ok else 0.0
+            self._rank_b[r] += 0.0 if ok else 1.0
+        self.tree_steps += 1
+
+    def per_rank(self, max_nodes: int) -> list[float]:
+        """[max_nodes] rho_r, the acceptance rate of the r-th best tree node (see the class doc)."""
+        m = self.prior[0] + self.prior[1]
+        out, last = [], self.alpha
+        for r in range(max_nodes):
+            if r < len(self._rank_a) and self._rank_a[r] + self._rank_b[r] > 1e-3:
+                rate = (self._rank_a[r] + m * last) / (self._rank_a[r] + self._rank_b[r] + m)
+            else:
+                rate = last
+            out.append(rate)
+            last = rate
+        return out
 
     @property
     def alpha(self) -> float:
@@ -414,6 +452,10 @@ class ConstantPolicy(_BasePolicy):
     def next_length(self) -> int:
         return self.k
 
+    def tree_budget(self, max_nodes: int) -> int:
+        """A dynamic tree's node count: k, at most the spec's."""
+        return min(self.k, max_nodes)
+
     def __repr__(self) -> str:
         return f"ConstantPolicy(k={self.k})"
 
@@ -481,6 +523,11 @@ class AdaptivePolicy(_BasePolicy):
     Fallback: when the best k is 0 (speculation loses; with flat verification exactly when alpha <= c),
     decode plainly and, after every `probe_every` plain steps in a row, draft `probe_length` tokens once so
     alpha is measured again; speculation resumes by itself when the estimate says it pays.
+
+    Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
+    (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
+    drafting time of a tree step (one forward per depth, so about the same for every B). The first
+    `warmup` tree steps, and every `probe_every`-th after, draft the whole spec so every rank stays measured.
     """
 
     _BINS = 10
@@ -515,6 +562,9 @@ class AdaptivePolicy(_BasePolicy):
         self._step_q: list[float] = []  # draft probs reported this step, for calibration
         self._cal_s = [0.0] * self._BINS  # [bins] forgetting success mass per confidence bin
         self._cal_n = [0.0] * self._BINS  # [bins] forgetting test mass per confidence bin
+        self._tree_draft_s: float | None = None  # EMA of a tree step's drafting seconds
+        self._tree_plan = 0  # tree steps planned so far
+        self.tree_warmup = 3
 
     # ---- planning
 
@@ -537,6 +587,28 @@ class AdaptivePolicy(_BasePolicy):
         self._plan_k, self._plan_s = k, s
         self._p_cum, self._step_q = 1.0, []
         return k
+
+    def tree_budget(self, max_nodes: int) -> int:
+        """Nodes to verify in the next tree step (0: a plain step), at most max_nodes (see class doc)."""
+        self._tree_plan += 1
+        if self.tracker.tree_steps < self.tree_warmup or self._tree_plan % self.probe_every == 0:
+            return max_nodes
+        c = self.costs
+        t_draft = self._tree_draft_s if self._tree_draft_s is not None else c.t_draft
+        best_b, best_s, tau = 0, c.t_target_1 / c.t_verify(1), 1.0
+        for b, rho in enumerate(self.tracker.per_rank(max_nodes), start=1):
+            tau += rho
+            s = tau * c.t_target_1 / (t_draft + c.t_verify(b + 1))
+            if s > best_s:
+                best_b, best_s = b, s
+        self._plan_s = best_s
+        return best_b
+
+    def observe_tree(self, accepted_by_rank: Sequence[bool], draft_s: float) -> None:
+        """A tree step: accepted_by_rank as in AcceptanceTracker.observe_ranks; draft_s its drafting time."""
+        self.tracker.observe_ranks(accepted_by_rank)
+        if accepted_by_rank:
+            self._tree_draft_s = self.costs._ema(self._tree_draft_s, float(draft_s))
 
     # ---- inside a step
 

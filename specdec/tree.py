@@ -249,4 +249,5 @@ class TreeGrower:
         """(tokens, parents) of the kept nodes: the best `budget` by path probability, ancestor-closed, in
         topological order (parent -1 = child of the root)."""
         keep = top_nodes(self.parents, self.scores, self.budget)
+        self.kept_scores = [self.scores[i] for i in keep]  # path probabilities of the kept nodes, same order
         return [self.tokens[i] for i in keep], subtree_parents(self.parents, keep)

@@ -4,6 +4,7 @@ No models: a step is simulated by drawing per-position acceptances from known ra
 the true optimum k* and the true speedups are known exactly.
 """
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -448,3 +449,51 @@ def test_make_policy_errors(bad):
 def test_make_policy_bad_max_length():
     with pytest.raises(ValueError, match="max_draft_length"):
         make_policy("adaptive", max_draft_length=0)
+
+
+# ---- trees: per-rank acceptance and the node budget
+
+
+def test_tracker_per_rank_rates_converge_and_fill_untested_ranks():
+    rng = np.random.default_rng(0)
+    true = [0.9, 0.2, 0.6, 0.1, 0.4]
+    tr = AcceptanceTracker(forgetting=0.99)
+    for _ in range(3000):
+        tr.observe_ranks([bool(rng.random() < p) for p in true[:3]])  # only 3 nodes drafted: ranks 4+ untested
+    rates = tr.per_rank(6)
+    assert rates[:3] == pytest.approx(true[:3], abs=0.05)  # not forced to fall with the rank
+    assert rates[3:] == pytest.approx([rates[2]] * 3)  # untested ranks take the last tested rank's rate
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.08])
+def test_tree_budget_is_bruteforce_argmax(slope):
+    """tree_budget == argmax_B (1 + sum_{r<=B} rho_r) T_1 / (T_tree + T_verify(B + 1)), evaluated by hand."""
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        rho = (rng.uniform(0, 1, 12) * rng.uniform(0.2, 1)).tolist()
+        t_tree = rng.uniform(0.05, 3.0) * 0.01
+        costs = flat_costs(0.1, slope=slope)
+        policy = AdaptivePolicy(max_length=8, costs=costs)
+        for _ in range(policy.tree_warmup):
+            policy.observe_tree([True] * 12, t_tree)  # the first drafting time is taken as is
+        policy.tracker._rank_a = [r * 1e4 for r in rho]  # per-rank rates set (almost exactly) to rho
+        policy.tracker._rank_b = [(1 - r) * 1e4 for r in rho]
+        policy._tree_plan = 1  # not a probe step
+        rates = policy.tracker.per_rank(12)
+        t1 = costs.t_target_1
+        s = [1.0] + [(1 + sum(rates[:b])) * t1 / (t_tree + costs.t_verify(b + 1)) for b in range(1, 13)]
+        assert policy.tree_budget(12) == int(np.argmax(s))
+
+
+def test_tree_budget_explores_first_then_shrinks_when_deep_ranks_fail():
+    policy = AdaptivePolicy(max_length=8, costs=flat_costs(0.2, slope=0.1))
+    budgets = []
+    for _ in range(60):
+        b = policy.tree_budget(16)
+        budgets.append(b)
+        outcome = [r < 2 for r in range(b)]  # only the two best nodes are ever accepted
+        policy.observe(b, sum(outcome), 0.002, 0.01 * (1 + 0.1 * b))
+        policy.observe_tree(outcome, 0.004)
+    assert budgets[:3] == [16, 16, 16]  # warm-up: the whole spec, every rank measured
+    assert 1 <= statistics.median(budgets[10:]) <= 3  # then about the two nodes that pay
+    assert max(budgets[10:]) == 16  # and a periodic full probe keeps the deep ranks measured

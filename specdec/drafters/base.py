@@ -28,6 +28,8 @@ class Draft:
              < from_layer over the root and every node (a chain) and wrote their KV into the target's
              pages: the target's hidden states entering layer from_layer, for [root, node 0, ..., n-1].
              The engine then verifies with layers >= from_layer only.
+    scores:  [n] float32 or None. A tree drafter's confidence in each node's whole path (the product of
+             the draft probabilities along it); the adaptive policy ranks nodes by it to plan the budget.
     """
 
     tokens: torch.Tensor
@@ -35,6 +37,7 @@ class Draft:
     q_probs: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     from_layer: int = 0
+    scores: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.numel())

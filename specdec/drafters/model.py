@@ -108,7 +108,8 @@ class ModelDrafter:
             frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, paths)))
         toks, parents = grower.result()
         return Draft(torch.tensor(toks, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device), None)
+                     torch.tensor(parents, dtype=torch.long, device=device), None,
+                     scores=torch.tensor(grower.kept_scores, dtype=torch.float32))
 
     def accept(self, num_context_tokens: int) -> None:
         self.runner.rollback(num_context_tokens - 1)
