@@ -144,7 +144,8 @@ def cmd_select(a) -> None:
     temps = [float(t) for t in a.temperatures.split(",")]
     report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
                           a.max_new_tokens)
-    files = write_report(report, Path(a.out), temps)
+    cmd = "specdec " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["select-draft"] else None
+    files = write_report(report, Path(a.out), temps, cmd)
     print((Path(a.out) / "report.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files))
 
