@@ -133,18 +133,19 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
 def write_report(report: dict, out_dir: Path, temperatures, command: str | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    lines = ["# Draft selection", ""] + ([f"`{command}`", ""] if command else []) + ["| rank | draft | temperature | alpha | tau@max_k | c | best k (pred / meas) | "
-             "predicted best | measured best | prediction error (mean / max over k) |",
-                                          "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["# Draft selection", ""] + ([f"`{command}`", ""] if command else [])
+    lines += ["| rank | draft | temperature | alpha | tau@max_k | c | best k (pred / meas) | predicted best | "
+              "measured best | prediction error (mean / max over k) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for rank, name in enumerate(report["ranking"], 1):
         for temp, r in report["drafts"][name].items():
             pb = max(r["predicted_speedup"].values())
             mb = max(r["measured_speedup"].values()) if r["measured_speedup"] else None
             err = r.get("prediction_error_max")
+            err_txt = "" if err is None else f"{100 * r['prediction_error_mean']:.0f} / {100 * err:.0f} %"
             lines.append(f"| {rank} | {name} | {temp} | {r['alpha']:.3f} | {r['tau']:.2f} | {r['c']:.3f} | "
                          f"{r['best_k_predicted']} / {r.get('best_k_measured', '-')} | {pb:.2f} | "
                          f"{'stopped early' if mb is None else f'{mb:.2f}'} | "
-                         f"{'' if err is None else f'{100 * r['prediction_error_mean']:.0f} / {100 * err:.0f} %'} |")
+                         f"{err_txt} |")
     for name, why in report["skipped"].items():
         lines.append(f"\nSkipped {name}: {why}")
     files = [out_dir / "report.json", out_dir / "report.md"]
