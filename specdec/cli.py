@@ -12,19 +12,20 @@ import time
 from pathlib import Path
 
 
-def _load(spec: str, role: str):
+def _load(spec: str, role: str, dtype: str = "float32"):
     """A model from a zoo name ('target', 'draft-wide'), a local directory or a hub id."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import zoo
 
+    dtype = getattr(torch, dtype)
     if spec in zoo.names():
-        return zoo.load(spec)
+        return zoo.load(spec, dtype=dtype)
     if not Path(spec).exists() and ("/" not in spec or spec.startswith((".", "/"))):
         raise SystemExit(f"specdec: {role} {spec!r} is neither a zoo model ({', '.join(zoo.names()) or 'none'}) "
                          "nor an existing directory; pass a zoo name, a local model directory or a hub id")
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32, use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
     return model.eval(), AutoTokenizer.from_pretrained(spec)
 
 
@@ -44,7 +45,7 @@ def cmd_demo(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    drafter = _drafter_arg(a.drafter, tok)
+    drafter = _drafter_arg(a.drafter, tok, a.draft_dtype)
     prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index]
     ids = tok(prompt, return_tensors="pt").input_ids
     draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
@@ -85,10 +86,10 @@ def cmd_demo(a) -> None:
         print(f"  output identical to target-only greedy: {'yes' if same else 'NO (please report a bug)'}")
 
 
-def _drafter_arg(spec: str, tok):
+def _drafter_arg(spec: str, tok, dtype: str = "float32"):
     if spec == "ngram":
         return "ngram"
-    drafter, dtok = _load(spec, "drafter")
+    drafter, dtok = _load(spec, "drafter", dtype)
     if dtok.get_vocab() != tok.get_vocab():
         raise SystemExit(f"specdec: the drafter {spec!r} uses a different tokenizer from the target's; pick a "
                          "drafter trained with the same tokenizer (or use --drafter ngram)")
@@ -104,18 +105,19 @@ def cmd_bench(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    draft = _drafter_arg(a.drafter, tok)
+    draft = _drafter_arg(a.drafter, tok, a.draft_dtype)
     prompts = load_prompts(tok, a.prompts, a.num_prompts)
     report = run_bench(target, None if draft == "ngram" else draft, prompts, a.max_new_tokens, a.k, a.repeats,
                        _sampling_kwargs(a), include_hf=not a.no_hf)
-    report.update(target=a.target, drafter=a.drafter, prompts=a.prompts or "zoo held-out",
+    report.update(target=a.target, drafter=a.drafter, draft_dtype=a.draft_dtype, prompts=a.prompts or "zoo held-out",
                   num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats)
     md = to_markdown(report)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
-    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target}, drafter {a.drafter}, "
+    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), drafter {a.drafter} "
+                                      f"({a.draft_dtype}, the same for HF assisted), "
                                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
                                       f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
     print(md)
@@ -136,7 +138,7 @@ def cmd_select(a) -> None:
     names = a.drafts or [n for n in zoo.names() if n.startswith("draft")]
     drafts = {}
     for n in names:
-        model, dtok = _load(n, "draft")
+        model, dtok = _load(n, "draft", a.draft_dtype)
         if dtok.get_vocab() != tok.get_vocab():
             print(f"specdec: skipping {n}: its tokenizer differs from the target's")
             continue
@@ -157,7 +159,8 @@ def cmd_chat(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok), system=a.system)
+    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype),
+                          system=a.system)
     run_cli(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)
 
 
@@ -178,6 +181,12 @@ def cmd_zoo(a) -> None:
         from .zoo.card import measure, write_cards
 
         write_cards(measure(a.prompts, a.new_tokens, Path(a.work)))
+
+
+def _add_draft_dtype_arg(parser) -> None:
+    parser.add_argument("--draft-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the draft model's dtype (the target stays float32); a draft only proposes, so its "
+                             "precision never changes the output, only acceptance and speed")
 
 
 def _add_sampling_args(parser) -> None:
@@ -202,6 +211,7 @@ def main(argv=None) -> None:
     d.add_argument("--prompt", default=None, help="text to continue (default: a held-out zoo prompt)")
     d.add_argument("--prompt-index", type=int, default=0)
     _add_sampling_args(d)
+    _add_draft_dtype_arg(d)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--repeats", type=int, default=3)
     d.add_argument("--threads", type=int, default=2)
@@ -219,6 +229,7 @@ def main(argv=None) -> None:
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
     _add_sampling_args(b)
+    _add_draft_dtype_arg(b)
     s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
     s.add_argument("--target", default="target")
     s.add_argument("--drafts", nargs="*", help="zoo names, directories or hub ids (default: every zoo draft)")
@@ -228,6 +239,7 @@ def main(argv=None) -> None:
     s.add_argument("--max-k", type=int, default=6)
     s.add_argument("--max-new-tokens", type=int, default=64)
     s.add_argument("--out", default="benchmarks/results/select_draft")
+    _add_draft_dtype_arg(s)
     s.add_argument("--threads", type=int, default=2)
     ch = sub.add_parser("chat", help="streaming multi-turn chat that keeps the conversation's KV between turns")
     ch.add_argument("--target", default="target")
@@ -237,6 +249,7 @@ def main(argv=None) -> None:
     ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
     ch.add_argument("--threads", type=int, default=2)
     _add_sampling_args(ch)
+    _add_draft_dtype_arg(ch)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list")

@@ -37,3 +37,13 @@ def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
     for png in ("acceptance_by_position.png", "speedup_vs_k.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_bench_with_a_bfloat16_draft_keeps_the_float32_targets_output(tmp_path):
+    out = tmp_path / "bench"
+    main(["bench", "--drafter", "draft-tiny", "--draft-dtype", "bfloat16", "--k", "2", "--num-prompts", "1",
+          "--repeats", "1", "--max-new-tokens", "8", "--out", str(out), "--threads", "1"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["draft_dtype"] == "bfloat16" and "(bfloat16" in out.with_suffix(".md").read_text()
+    assert all(r["mismatches"] == 0 for r in report["modes"].values())
+    assert report["modes"]["specdec k=2"]["alpha"] > 0  # the bf16 draft still agrees with the target
