@@ -220,7 +220,8 @@ def train(args: TrainArgs) -> dict:
     summary = {"name": args.name, "params": sum(p.numel() for p in model.parameters()),
                "train_tokens": step * tokens_per_step, "train_seconds": round(elapsed, 1),
                "heldout_loss": round(loss, 4), "heldout_ppl": round(math.exp(loss), 2),
-               "teacher": teacher_kind, "args": {k: str(v) for k, v in asdict(args).items()}}
+               "teacher": teacher_kind,
+               "args": {k: os.path.relpath(v) if isinstance(v, Path) else str(v) for k, v in asdict(args).items()}}
     if reference is not None:
         summary["heldout_agreement"] = round(agreement(model, agree_x, agree_y), 4)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
