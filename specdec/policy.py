@@ -159,6 +159,15 @@ class AcceptanceTracker:
     1 - beta_j): same expectation, much less noise. Whether position j is tested depends only on the
     positions before it, so this stays unbiased.
 
+    Bursts: acceptance comes in runs (easy stretches of text, then hard ones), so the per-position
+    counts are also kept per *context*, the previous step's outcome (all k accepted, or not), and
+    `per_position` reports the current context's rates, each shrunk towards the pooled rate of its
+    position: alpha_j|s = (a_j|s + m_c * alpha_j) / (a_j|s + b_j|s + m_c), m_c = `context_prior` (8 steps:
+    a context moves the plan only on consistent evidence). Where acceptance has no memory the
+    two contexts agree and this is the pooled estimate; where it does, the plan drafts longer after a
+    fully accepted step and shorter after a rejection (what HF's +2/-1 heuristic does blindly, here
+    priced by the cost model).
+
     Trees (`observe_ranks`, `per_rank`): the r-th best node of a step's tree (by the draft's path
     probability) is accepted with some rate rho_r, and the tokens a tree emits are 1 + the number of
     accepted nodes, so a tree of the best B nodes emits 1 + sum_{r<=B} rho_r in expectation. Ranks past
@@ -181,6 +190,11 @@ class AcceptanceTracker:
         self.a, self.b = a0, b0
         self._pos_a = [0.0] * self.max_positions  # [max_positions] success mass at position j
         self._pos_b = [0.0] * self.max_positions  # [max_positions] failure mass at position j
+        # [2][max_positions] the same, split by context (0: last step had a rejection, 1: all accepted)
+        self._ctx_a = [[0.0] * self.max_positions for _ in range(2)]
+        self._ctx_b = [[0.0] * self.max_positions for _ in range(2)]
+        self.context = 0  # the previous drafting step's outcome: 1 if every drafted token was accepted
+        self.context_prior = 8.0  # pseudo-steps of the pooled rate in each context's estimate
         self._rank_a: list[float] = []  # [ranks seen] success mass of the r-th best tree node
         self._rank_b: list[float] = []  # [ranks seen] failure mass of the r-th best tree node
         self._steps = 0
@@ -214,13 +228,16 @@ class AcceptanceTracker:
         succ = sum(outcomes)
         self.a = lam * self.a + succ
         self.b = lam * self.b + (tested - succ)
-        pa, pb = self._pos_a, self._pos_b
-        for j in range(self.max_positions):
-            pa[j] *= lam
-            pb[j] *= lam
-        for j in range(min(tested, self.max_positions)):
-            pa[j] += outcomes[j]
-            pb[j] += 1.0 - outcomes[j]
+        ca, cb = self._ctx_a[self.context], self._ctx_b[self.context]
+        for pa, pb in [(self._pos_a, self._pos_b)] + list(zip(self._ctx_a, self._ctx_b)):
+            for j in range(self.max_positions):
+                pa[j] *= lam
+                pb[j] *= lam
+        for pa, pb in ((self._pos_a, self._pos_b), (ca, cb)):
+            for j in range(min(tested, self.max_positions)):
+                pa[j] += outcomes[j]
+                pb[j] += 1.0 - outcomes[j]
+        self.context = 1 if n == k else 0
         self._steps += 1
 
     def observe_ranks(self, accepted: Sequence[bool]) -> None:
@@ -257,10 +274,17 @@ class AcceptanceTracker:
         return self.a / (self.a + self.b)
 
     @property
-    def per_position(self) -> list[float]:
+    def per_position_pooled(self) -> list[float]:
         """[max_positions] alpha_j = P(position j accepted | positions < j accepted), shrunk to alpha."""
         alpha, m = self.alpha, self.prior[0] + self.prior[1]
         return [(sa + m * alpha) / (sa + sb + m) for sa, sb in zip(self._pos_a, self._pos_b)]
+
+    @property
+    def per_position(self) -> list[float]:
+        """[max_positions] alpha_j in the current context (see the class doc), shrunk to the pooled alpha_j."""
+        m = self.context_prior
+        ca, cb = self._ctx_a[self.context], self._ctx_b[self.context]
+        return [(sa + m * pooled) / (sa + sb + m) for sa, sb, pooled in zip(ca, cb, self.per_position_pooled)]
 
     @property
     def steps(self) -> int:
@@ -277,6 +301,8 @@ class AcceptanceTracker:
         return {
             "alpha": self.alpha,
             "per_position": self.per_position,
+            "per_position_pooled": self.per_position_pooled,
+            "context": self.context,
             "steps": self._steps,
             "a": self.a,
             "b": self.b,
@@ -521,8 +547,10 @@ class AdaptivePolicy(_BasePolicy):
     alpha_j beyond the first position then describe confident drafts, which is what the cap is used for.
 
     Fallback: when the best k is 0 (speculation loses; with flat verification exactly when alpha <= c),
-    decode plainly and, after every `probe_every` plain steps in a row, draft `probe_length` tokens once so
-    alpha is measured again; speculation resumes by itself when the estimate says it pays.
+    decode plainly and, after `probe_every` plain steps in a row, draft `probe_length` tokens once so
+    alpha is measured again; speculation resumes by itself when the estimate says it pays. Each probe
+    that does not bring speculation back doubles the gap to the next (up to 4 x probe_every): a useless
+    drafter costs about one draft token per 64 steps.
 
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
     (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
@@ -538,7 +566,7 @@ class AdaptivePolicy(_BasePolicy):
         tracker: AcceptanceTracker | None = None,
         costs: CostModel | None = None,
         probe_every: int = 16,
-        probe_length: int = 2,
+        probe_length: int = 1,
         early_stop: bool = True,
         calibration_prior: float = 4.0,
     ):
@@ -556,6 +584,7 @@ class AdaptivePolicy(_BasePolicy):
         self.early_stop = bool(early_stop)
         self.calibration_prior = float(calibration_prior)
         self._plain_run = 0  # plain steps in a row since the last drafting step
+        self._probe_gap = self.probe_every  # plain steps before the next probe (doubles while probes fail)
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
         self._rates: list[float] = []  # per-position rates used by the last plan
         self._p_cum = 1.0  # prod cal(q_j) over this step's drafted tokens
@@ -581,8 +610,11 @@ class AdaptivePolicy(_BasePolicy):
         c = self.costs
         self._rates = self._rates_for_plan()
         k, s = best_length(self._rates, self.max_length, c.t_draft, c.t_verify, c.t_target_1)
-        self._probing = k == 0 and self._plain_run + 1 >= self.probe_every
+        if k > 0:
+            self._probe_gap = self.probe_every  # speculating again: probe promptly if it stops paying
+        self._probing = k == 0 and self._plain_run + 1 >= self._probe_gap
         if self._probing:
+            self._probe_gap = min(2 * self._probe_gap, 4 * self.probe_every)
             k = self.probe_length
         self._plan_k, self._plan_s = k, s
         self._p_cum, self._step_q = 1.0, []
