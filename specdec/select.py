@@ -4,8 +4,8 @@ costs, then check the prediction against measured speedups.
 Per draft and temperature: per-position acceptance alpha_j (censoring-free), alpha, tau, c (draft time
 per token / plain decoding time per token), the predicted speedup
 S(k) = tau(k) T_plain / (k T_draft + T_verify(k+1) + T_step), with T_verify measured for every n on the
-target, T_plain the engine's plain decoding time per token and T_step the engine's per-step work outside
-drafting and the bare forward (measured in the max-k probe), the measured speedup at each k (specdec vs plain
+target (a least-squares line through the medians), T_plain the engine's plain decoding time per token and T_step = T_plain - T_verify(1) the
+engine's per-step work around the bare forward (so S(0) = 1), the measured speedup at each k (specdec vs plain
 decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
 below 1 is not swept (stopped early). Writes report.json, report.md and PNG plots.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from .policy import expected_tokens
+from .policy import CostModel, expected_tokens
 
 
-def _verify_costs(target, ids, max_n: int, reps: int = 5) -> dict[int, float]:
+def _verify_costs(target, ids, max_n: int, reps: int = 7) -> dict[int, float]:
     """Seconds for one target forward over n new tokens after the prompt, n = 1..max_n (medians)."""
     from .cache.pool import BlockTable, PagePool
     from .hf.attention import specdec_attention
@@ -55,8 +55,12 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
 
     from .drafters.model import vocab_size_of
 
-    t_verify = _verify_costs(target, prompts[0], max_k + 1)
-    report = {"t_verify_s": t_verify, "drafts": {}, "skipped": {}}
+    measured_verify = _verify_costs(target, prompts[0], max_k + 1)
+    line = CostModel(forgetting=1.0)  # one least-squares line through them: n -> seconds, never falling
+    for n, t in measured_verify.items():
+        line.observe_verify(n, t)
+    t_verify = {n: line.t_verify(n) for n in measured_verify}
+    report = {"t_verify_s": t_verify, "t_verify_measured_s": measured_verify, "drafts": {}, "skipped": {}}
     ok = {}
     for name, model in drafts.items():
         if vocab_size_of(model) != vocab_size_of(target):
@@ -81,13 +85,12 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
                    for j in range(max_k)]
             alphas = [a / t if t else 0.0 for a, t in zip(acc, tested)]
             t_draft = sum(s.draft_s for s in stats) / max(1, sum(s.drafted_tokens for s in stats))
-            # the engine's own costs: plain decoding per token, and per step what is neither drafting nor
-            # the bare verification forward (scoring, acceptance, commit), measured in the probe
+            # the engine's own costs: plain decoding per token, and the per-step work around the bare target
+            # forward (sampling, acceptance, commit) = plain decoding per token - the bare 1-token forward
             t_plain = sum(s.decode_s for s in plain_stats) / max(1, sum(s.new_tokens - 1 for s in plain_stats))
-            steps = max(1, sum(s.target_forwards for s in stats))
-            step_extra = max(0.0, sum(s.decode_s - s.draft_s for s in stats) / steps - t_verify[max_k + 1])
+            step_extra = max(0.0, t_plain - t_verify[1])
             predicted = {k: expected_tokens(alphas, k) * t_plain / (k * t_draft + t_verify[k + 1] + step_extra)
-                         for k in range(max_k + 1)}
+                         for k in range(max_k + 1)}  # S(0) = 1 by construction
             rec = {"per_position_acceptance": alphas, "alpha": sum(acc) / max(1, sum(tested)),
                    "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t_plain,
                    "t_plain_s": t_plain, "step_overhead_s": step_extra, "predicted_speedup": predicted}
