@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--ks", default="1,2,3,4,6,8")
+    ap.add_argument("--ks", default="0,1,2,3,4,6,8", help="fixed draft lengths (0 = plain decoding)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "adaptive"))
     a = ap.parse_args()
@@ -80,7 +80,10 @@ def main():
                 if rep % 2:
                     order.reverse()  # alternate the order too: no mode always runs first
                 for m, mode in order:
-                    s = served(adaptive, ids) if mode == "adaptive" else spec(draft, mode, ids)
+                    if mode == "adaptive":
+                        s = served(adaptive, ids)
+                    else:  # k = 0 is plain decoding: no drafter at all
+                        s = spec(draft if mode != 0 else None, mode, ids)
                     tps[m].append(s.tokens_per_s)
         med = {m: statistics.mean(v) for m, v in tps.items()}
         best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: med[m])

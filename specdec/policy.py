@@ -324,7 +324,11 @@ class CostModel:
     recently, that n was measured (weights decay by `forgetting` per measurement). One line for every n,
     not a table: a slow measurement at an n the plan then stops visiting (a first forward at a new shape
     pays for kernel set-up) fades behind the n's measured every step, instead of pricing that k out for
-    good. With one n measured the line is flat. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
+    good. The slope is ridge-shrunk towards 0 (flat, the memory-bound case): with two distinct n the
+    least-squares line passes through both whatever their weights, so without the shrinkage one stale
+    slow forward at n = 3 would tilt the line for good and keep a plan at k = 0 from ever trying k > 0
+    again; shrunk, the line flattens as that point's weight fades, the plan tries longer drafts, and
+    their measurements set the slope. With one n measured the line is flat. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
     costs more than n plain steps), and T_verify(n) >= T_target_1. Before any measurement the unit is
     arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
     """
@@ -338,6 +342,7 @@ class CostModel:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
         self.smoothing = float(smoothing)
         self.forgetting = float(forgetting)
+        self.slope_prior = 0.5  # ridge on b, in weight x tokens^2: a slope needs recent evidence at 2+ n's
         self._draft: float | None = None  # seconds per drafted token
         self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds (EMA)
         self._weight: dict[int, float] = {}  # n -> measurements seen, decayed by `forgetting` per measurement
@@ -381,7 +386,7 @@ class CostModel:
             ym = sum(w[n] * t for n, t in self._verify.items()) / total
             sxx = sum(w[n] * (n - xm) ** 2 for n in self._verify)
             sxy = sum(w[n] * (n - xm) * (t - ym) for n, t in self._verify.items())
-            b = max(0.0, sxy / sxx) if sxx > 0 else 0.0
+            b = max(0.0, sxy / (sxx + self.slope_prior)) if sxx + self.slope_prior > 0 else 0.0
             a = max(ym - b * (xm - 1.0), max(t / n for n, t in self._verify.items()))
             self._fitted = (a, b)
         return self._fitted

@@ -51,6 +51,7 @@ class FixedTracker(AcceptanceTracker):
 def flat_costs(c, t1=0.01, slope=0.0):
     """A CostModel measured at T_draft = c * t1 and T_verify(n) = t1 * (1 + slope * (n - 1)), n = 1..33."""
     costs = CostModel()
+    costs.slope_prior = 0.0  # exactly the measured line (the planner's math is under test, not the estimator)
     costs.observe_draft(1, c * t1)
     for n in range(1, 34):
         costs.observe_verify(n, t1 * (1 + slope * (n - 1)))
@@ -196,6 +197,7 @@ def test_cost_model_defaults_and_ema():
 
 def test_cost_model_fits_one_line_through_the_measured_forwards():
     cm = CostModel()
+    cm.slope_prior = 0.0  # plain weighted least squares (the ridge has its own test below)
     cm.observe_plain(0.010)
     cm.observe_verify(3, 0.012)
     cm.observe_verify(7, 0.016)  # collinear: 1 ms per extra token
@@ -211,11 +213,13 @@ def test_cost_model_fits_one_line_through_the_measured_forwards():
     assert cm2.t_verify(9) >= cm2.t_verify(5) >= cm2.t_verify(2) >= cm2.t_target_1 > 0
     # only n > 1 measured: flat, then T_target_1 extrapolated, floored at max T_verify(n) / n
     cm3 = CostModel()
+    cm3.slope_prior = 0.0
     cm3.observe_verify(3, 0.012)
     assert cm3.t_target_1 == pytest.approx(0.012) and cm3.t_verify(9) == pytest.approx(0.012)
     cm3.observe_verify(5, 0.020)
     assert cm3.t_target_1 == pytest.approx(0.004)  # line through (3, 12 ms), (5, 20 ms) at n = 1
     cm4 = CostModel()
+    cm4.slope_prior = 0.0
     cm4.observe_verify(2, 0.010)
     cm4.observe_verify(4, 0.030)  # line hits 1 at -0.0: the floor 0.030 / 4 wins
     assert cm4.t_target_1 == pytest.approx(0.0075)
@@ -235,6 +239,16 @@ def test_one_slow_first_forward_does_not_price_a_length_out_for_good():
     alphas = [0.8] * 8
     k, _ = best_length(alphas, 8, 0.001, cm.t_verify, cm.t_target_1)
     assert k >= 4
+    # two distinct n only (plain steps, and one slow early step at n = 3): a plain least-squares line
+    # passes through both points whatever their weights; the ridge lets the stale one fade
+    cm2 = CostModel()
+    cm2.observe_verify(3, 0.030)
+    for _ in range(50):
+        cm2.observe_plain(0.0085)
+    assert cm2.t_verify(5) < 0.013  # fading; without the ridge: 51 ms, and k = 0 for good
+    cm2.observe_verify(2, 0.0088)  # a fallback probe measures a fresh n: the slope is the true one again
+    assert cm2.t_verify(5) < 0.012
+    assert best_length(alphas, 8, 0.003, cm2.t_verify, cm2.t_target_1)[0] >= 3
 
 
 # ---- adaptive policy: the plan
