@@ -328,7 +328,12 @@ class CostModel:
     least-squares line passes through both whatever their weights, so without the shrinkage one stale
     slow forward at n = 3 would tilt the line for good and keep a plan at k = 0 from ever trying k > 0
     again; shrunk, the line flattens as that point's weight fades, the plan tries longer drafts, and
-    their measurements set the slope. With one n measured the line is flat. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
+    their measurements set the slope. With one n measured the line is flat.
+
+    An n measured often and recently (decayed count >= `trusted_weight`) is priced by its own EMA rather
+    than the line: real kernels are not linear in n (on this project's CPU a forward over 4-7 tokens
+    costs less than one over 2-3, a matrix-kernel choice), and the plan should see that where it has
+    the evidence. A single or stale measurement never is: the line prices it. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
     costs more than n plain steps), and T_verify(n) >= T_target_1. Before any measurement the unit is
     arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
     """
@@ -343,6 +348,7 @@ class CostModel:
         self.smoothing = float(smoothing)
         self.forgetting = float(forgetting)
         self.slope_prior = 0.5  # ridge on b, in weight x tokens^2: a slope needs recent evidence at 2+ n's
+        self.trusted_weight = 2.0  # an n measured this often (decayed count) is priced by its own EMA
         self._draft: float | None = None  # seconds per drafted token
         self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds (EMA)
         self._weight: dict[int, float] = {}  # n -> measurements seen, decayed by `forgetting` per measurement
@@ -397,12 +403,15 @@ class CostModel:
         return self._line()[0] if self._verify else 1.0
 
     def t_verify(self, n: int) -> float:
-        """Seconds for a target forward over n tokens, from the fitted line (see class doc)."""
+        """Seconds for a target forward over n tokens: its own EMA while n is measured often (weight >=
+        `trusted_weight`), the fitted line otherwise (see class doc)."""
         n = int(n)
         if n < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
         if not self._verify:
             return 1.0
+        if self._weight.get(n, 0.0) >= self.trusted_weight:
+            return self._verify[n]
         a, b = self._line()
         return a + b * (n - 1)
 

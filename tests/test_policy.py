@@ -227,6 +227,22 @@ def test_cost_model_fits_one_line_through_the_measured_forwards():
         cm.t_verify(0)
 
 
+def test_a_length_measured_often_is_priced_by_its_own_measurements():
+    """Kernels are not linear in n: here 4 tokens cost less than 3. Measured often, n = 4 is priced as
+    measured; n = 6, measured once long ago, by the line."""
+    cm = CostModel()
+    for _ in range(20):
+        for n, t in ((1, 0.009), (3, 0.014), (4, 0.0123), (5, 0.0125)):
+            cm.observe_verify(n, t)
+    cm.observe_verify(7, 0.030)  # once: an outlier, and then stale
+    for _ in range(20):
+        for n, t in ((1, 0.009), (3, 0.014), (4, 0.0123), (5, 0.0125)):
+            cm.observe_verify(n, t)
+    assert cm.t_verify(4) == pytest.approx(0.0123) and cm.t_verify(3) == pytest.approx(0.014)
+    assert cm.t_verify(4) < cm.t_verify(3)
+    assert cm.t_verify(7) < 0.016  # the line, not the stale 30 ms
+
+
 def test_one_slow_first_forward_does_not_price_a_length_out_for_good():
     """A first forward at a new shape is slow (kernel set-up). The n's measured every step outvote it; a
     per-n table would keep the stale value, and the plan would never try that length again."""
