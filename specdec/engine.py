@@ -263,8 +263,8 @@ class Engine:
         stats.verify_s += t2 - t1
         self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
         if n and draft.scores is not None and hasattr(self.policy, "observe_tree"):  # per-rank acceptance
-            on_path = set(result.path)
-            order = sorted(range(n), key=lambda i: (-float(draft.scores[i]), i))
+            on_path, node_scores = set(result.path), draft.scores.tolist()
+            order = sorted(range(n), key=lambda i: (-node_scores[i], i))
             self.policy.observe_tree([i in on_path for i in order], t1 - t0)
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))

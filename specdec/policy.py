@@ -333,9 +333,10 @@ class CostModel:
     An n measured often and recently (decayed count >= `trusted_weight`) is priced by its own EMA rather
     than the line: real kernels are not linear in n (on this project's CPU a forward over 4-7 tokens
     costs less than one over 2-3, a matrix-kernel choice), and the plan should see that where it has
-    the evidence. A single or stale measurement never is: the line prices it. T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never
-    costs more than n plain steps), and T_verify(n) >= T_target_1. Before any measurement the unit is
-    arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
+    the evidence. A single or stale measurement never is: the line prices it.
+
+    T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never costs more than n plain
+    steps). Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
     """
 
     DEFAULT_C = 0.1

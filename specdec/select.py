@@ -4,9 +4,9 @@ costs, then check the prediction against measured speedups.
 Per draft and temperature: per-position acceptance alpha_j (censoring-free), alpha, tau, c (draft time
 per token / plain decoding time per token), the predicted speedup
 S(k) = tau(k) T_plain / (k T_draft + T_verify(k+1) + T_step), with T_verify measured for every n on the
-target (a least-squares line through the medians), T_plain the engine's plain decoding time per token and T_step = T_plain - T_verify(1) the
-engine's per-step work around the bare forward (so S(0) = 1), the measured speedup at each k (specdec vs plain
-decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
+target (a least-squares line through the medians), T_plain the engine's plain decoding time per token
+and T_step = T_plain - T_verify(1) the engine's per-step work around the bare forward (so S(0) = 1),
+the measured speedup at each k (specdec vs plain decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
 below 1 is not swept (stopped early). Writes report.json, report.md and PNG plots.
 """
 from __future__ import annotations

@@ -17,8 +17,7 @@ rounding, the same single-token shapes plain decoding uses). It needs the decode
 `inputs_embeds` to its first layer untouched: checked on the model itself when the drafter is built
 (layer_views.enters_hidden_exactly, a bit-for-bit probe). A model that fails it falls back to separate
 draft pages and a full verification, as do token trees (tree nodes are scratch the verification
-overwrites). Greedy
-output is the target's either way: the drafter only proposes, the target verifies.
+overwrites). Greedy output is the target's either way: the drafter only proposes, the target verifies.
 """
 from __future__ import annotations
 

@@ -45,6 +45,24 @@ def _tpot(model, ids, n=48) -> float:
     return out.stats.tpot_s
 
 
+def _speculate_k4(target, draft, prompt_ids, continuations, new_tokens: int, name: str) -> tuple[int, int, int, int]:
+    """Greedy specdec at k = 4 over the prompts, checked against the target's own continuations.
+    Returns (drafted, accepted, target forwards, tokens emitted after the first), summed."""
+    import specdec
+
+    drafted = accepted = forwards = emitted = 0
+    for ids, cont in zip(prompt_ids, continuations):
+        out = specdec.generate(target, ids, drafter=draft, draft_length=4, max_new_tokens=new_tokens,
+                               return_dict_in_generate=True)
+        assert torch.equal(out.sequences, cont), f"{name}: speculative output differs from target greedy"
+        s = out.stats
+        drafted += s.drafted_tokens
+        accepted += s.accepted_tokens
+        forwards += s.target_forwards
+        emitted += s.new_tokens - 1
+    return drafted, accepted, forwards, emitted
+
+
 def measure(num_prompts: int = 16, new_tokens: int = 64, work: Path | None = None) -> dict:
     import specdec
 
@@ -71,32 +89,20 @@ def measure(num_prompts: int = 16, new_tokens: int = 64, work: Path | None = Non
                "teacher": training.get("teacher"), "heldout_loss": round(loss, 4),
                "heldout_ppl": round(math.exp(loss), 2)}
         if name != "target":
-            drafted = accepted = forwards = emitted = 0
+            drafted, accepted, forwards, emitted = _speculate_k4(target, model, prompt_ids, continuations, new_tokens, name)
             agree = total = 0
             for ids, cont in zip(prompt_ids, continuations):
-                out = specdec.generate(target, ids, drafter=model, draft_length=4, max_new_tokens=new_tokens,
-                                       return_dict_in_generate=True)
-                assert torch.equal(out.sequences, cont), f"{name}: speculative output differs from target greedy"
-                s = out.stats
-                drafted += s.drafted_tokens
-                accepted += s.accepted_tokens
-                forwards += s.target_forwards
-                emitted += s.new_tokens - 1
                 with torch.no_grad():
                     lg = model(cont).logits[0, ids.shape[1] - 1:-1].argmax(-1)
                 agree += int((lg == cont[0, ids.shape[1]:]).sum())
                 total += cont.shape[1] - ids.shape[1]
             # the same draft run in bfloat16 (the target stays float32): cheaper on CPUs with bf16 units
             model16 = copy.deepcopy(model).to(torch.bfloat16)
-            drafted16 = accepted16 = 0
-            for ids in prompt_ids:
-                s = specdec.generate(target, ids, drafter=model16, draft_length=4, max_new_tokens=new_tokens,
-                                     return_dict_in_generate=True).stats
-                drafted16 += s.drafted_tokens
-                accepted16 += s.accepted_tokens
+            drafted16, accepted16, _, _ = _speculate_k4(target, model16, prompt_ids, continuations, new_tokens,
+                                                  f"{name} (bf16)")
             t_d, t_d16, t_t = [], [], []
             for i in range(6):  # alternate, side by side
-                ids = prompt_ids[i % 2]
+                ids = prompt_ids[i % min(2, len(prompt_ids))]
                 t_d.append(_tpot(model, ids))
                 t_d16.append(_tpot(model16, ids))
                 t_t.append(_tpot(target, ids))
