@@ -1,6 +1,8 @@
 """`specdec bench` and `specdec select-draft` on a tiny configuration: the files and fields they promise."""
 import json
 
+import pytest
+
 from specdec.cli import main
 
 
@@ -39,11 +41,12 @@ def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
-def test_bench_with_a_bfloat16_draft_keeps_the_float32_targets_output(tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_bench_with_a_low_precision_draft_keeps_the_float32_targets_output(tmp_path, dtype):
     out = tmp_path / "bench"
-    main(["bench", "--drafter", "draft-tiny", "--draft-dtype", "bfloat16", "--k", "2", "--num-prompts", "1",
+    main(["bench", "--drafter", "draft-tiny", "--draft-dtype", dtype, "--k", "2", "--num-prompts", "1",
           "--repeats", "1", "--max-new-tokens", "8", "--out", str(out), "--threads", "1"])
     report = json.loads(out.with_suffix(".json").read_text())
-    assert report["draft_dtype"] == "bfloat16" and "(bfloat16" in out.with_suffix(".md").read_text()
+    assert report["draft_dtype"] == dtype and f"({dtype}" in out.with_suffix(".md").read_text()
     assert all(r["mismatches"] == 0 for r in report["modes"].values())
-    assert report["modes"]["specdec k=2"]["alpha"] > 0  # the bf16 draft still agrees with the target
+    assert report["modes"]["specdec k=2"]["alpha"] > 0  # the low-precision draft still agrees with the target

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hf.lean import LeanRunner
 from ..hf.runner import ModelRunner
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores, sample
@@ -24,9 +25,13 @@ def vocab_size_of(model) -> int:
 
 
 class ModelDrafter:
-    def __init__(self, model):
+    """lean: run chain drafting through hf/lean.py's LeanRunner when the model is supported and the probe
+    passes (checked once per drafter); False always uses the HF modules."""
+
+    def __init__(self, model, lean: bool = True):
         self.model = model.eval()
         self.runner: ModelRunner | None = None
+        self._lean: bool | None = None if lean else False  # None: not probed yet
         self.deterministic = False
         self.tree_kv = None  # set when the drafter writes tree nodes (KV moved with the target's on compaction)
 
@@ -41,9 +46,20 @@ class ModelDrafter:
         if self.runner is not None and self.runner.table is table:  # a kept sequence (chat): reuse our KV
             self.runner.rollback(min(self.runner.valid, engine.reused_tokens))
         else:
-            self.runner = ModelRunner(self.model, table.pool, table, engine.kernel)
+            self.runner = self._new_runner(table, engine.kernel)
         if prompt is not None and prompt.numel() > self.runner.valid:
             self.runner.forward(prompt[self.runner.valid:], logits_rows=1)
+
+    def _new_runner(self, table, kernel: bool) -> ModelRunner:
+        if self._lean is not False and not kernel:
+            if self._lean is None:
+                runner = LeanRunner.for_model(self.model, table.pool, table)
+                self._lean = runner is not None
+            else:
+                runner = LeanRunner(self.model, table.pool, table)
+            if runner is not None:
+                return runner
+        return ModelRunner(self.model, table.pool, table, kernel)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner

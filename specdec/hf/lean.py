@@ -1,0 +1,183 @@
+"""A lean forward for small Llama-family drafts: the same weights, a fraction of the Python per token.
+
+A one-layer draft's token costs about 0.3 ms of arithmetic and, through transformers' modules, about
+0.6 ms more of Python (module calls, output dataclasses, rotary recomputation, cache bookkeeping). A
+draft step runs k times per speculation step, so that overhead is paid k times over. `LeanRunner` runs
+chain drafting (the drafter's `forward` on its own pages, no tree, no Triton kernel) with a
+straight-line loop over the model's own weight tensors (referenced, not copied): RoPE from a cached cos/sin table, attention by SDPA over the gathered pages. Everything else (trees,
+the kernel path) goes through the HF modules as usual, on the same pages and in the same layout.
+
+Only drafts use it, so its numbers never reach the output (the target verifies every token); still,
+`LeanRunner.for_model` first checks on a probe sequence that it matches the HF path (same greedy
+tokens, logits within rounding) and returns None, keeping the HF path, for any model it does not
+reproduce (an unsupported architecture or config option).
+
+Shapes: tokens [n] int64, positions [n] int64; hidden states [n, H]; queries [1, Hq, n, D];
+keys/values gathered [1, Hkv, T, D]; returned logits [r, V] float32.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..cache.pool import BlockTable, PagePool
+from ..quantize import Int8Linear
+from .runner import ModelRunner, causal_mask
+
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+class _Lin:
+    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references, no copies."""
+
+    def __init__(self, m: nn.Module):
+        if isinstance(m, Int8Linear):
+            self.weight, self.qweight, self.scale, self.bias, self.fused_int8 = None, m.qweight, m.scale, m.bias, m.fused
+        elif type(m) is nn.Linear:
+            self.weight, self.bias = m.weight, m.bias
+        else:
+            raise TypeError(f"unsupported linear {type(m).__name__}")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            return F.linear(x, self.weight, self.bias)
+        x = x.to(self.scale.dtype)
+        if self.fused_int8:
+            y = torch._weight_int8pack_mm(x, self.qweight, self.scale)
+        else:
+            y = F.linear(x, self.qweight.to(x.dtype) * self.scale[:, None])
+        return y if self.bias is None else y + self.bias
+
+
+class _Layer:
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = (_Lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.gate, self.up, self.down = (_Lin(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
+        self.ln1, self.ln2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.scaling = attn.scaling
+        # Qwen2 sets it per layer on the module; Mistral passes its config's to the attention function
+        self.sliding_window = (attn.sliding_window if hasattr(attn, "sliding_window")
+                               else getattr(attn.config, "sliding_window", None))
+
+
+def _rms(norm, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, op for op."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanRunner(ModelRunner):
+    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False):
+        super().__init__(model, pool, table, kernel)
+        cfg = model.config.get_text_config()
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.final_norm = inner.norm
+        self.head = _Lin(model.lm_head)
+        self.hq, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        rot = inner.rotary_emb
+        self._inv_freq, self._rope_scale = rot.inv_freq.float(), float(rot.attention_scaling)
+        self._cos = self._sin = None
+
+    @classmethod
+    def for_model(cls, model, pool: PagePool, table: BlockTable, kernel: bool = False) -> "LeanRunner | None":
+        """A LeanRunner if `model` is supported and reproduces its HF forward on a probe, else None."""
+        if kernel or type(model).__name__ not in SUPPORTED:
+            return None
+        try:
+            runner = cls(model, pool, table, kernel)
+            ok = _reproduces(model, runner)
+        except (AttributeError, TypeError, RuntimeError, ValueError):
+            return None
+        return runner if ok else None
+
+    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] for `positions`, from a table grown on demand (HF's formula, float32)."""
+        need = int(positions.max()) + 1
+        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
+            size = max(need, 2 * (self._cos.shape[0] if self._cos is not None else 256))
+            t = torch.arange(size, dtype=torch.float32, device=self._inv_freq.device)
+            freqs = torch.outer(t, self._inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._cos = (emb.cos() * self._rope_scale).to(dtype)
+            self._sin = (emb.sin() * self._rope_scale).to(dtype)
+        return self._cos[positions], self._sin[positions]
+
+    def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows, hidden=None,
+             start_layer: int = 0) -> torch.Tensor:
+        if block_pos is not None or hidden is not None or self.kernel:
+            return super()._run(tokens, start, positions, block_pos, tree_mask, logits_rows, hidden, start_layer)
+        n = tokens.numel()
+        end = start + n
+        self.table.reserve(end)
+        write, read = self.table.slots(start, end), self.table.slots(0, end)
+        x = self.embed(tokens)  # [n, H]
+        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = cos[None, :, None], sin[None, :, None]  # broadcast over [1, n, heads, D]
+        Hq, Hkv, D = self.hq, self.hkv, self.head_dim
+        masks: dict = {}
+        for i, L in enumerate(self.layers):
+            h = _rms(L.ln1, x)
+            q, k, v = L.q(h).view(1, n, Hq, D), L.k(h).view(1, n, Hkv, D), L.v(h).view(1, n, Hkv, D)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kv = self.kv
+            if kv.k[i] is None:
+                kv._alloc(i, k.transpose(1, 2))
+            kv.k[i].index_copy_(0, write, k[0].to(kv.k[i].dtype))
+            kv.v[i].index_copy_(0, write, v[0].to(kv.v[i].dtype))
+            keys = kv.k[i].index_select(0, read).transpose(0, 1)[None]  # [1, Hkv, T, D]
+            vals = kv.v[i].index_select(0, read).transpose(0, 1)[None]
+            mask = masks.get(L.sliding_window)
+            if mask is None and (n > 1 or L.sliding_window):
+                mask = masks[L.sliding_window] = self._mask(n, start, positions, tree_mask, L.sliding_window)
+            att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, scale=L.scaling,
+                                                 enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
+            x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
+            h = _rms(L.ln2, x)
+            x = x + L.down(L.act(L.gate(h)) * L.up(h))
+        rows = x if logits_rows is None else (x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows])
+        return self.head(_rms(self.final_norm, rows)).float()
+
+    def _mask(self, n, start, positions, tree_mask, window) -> torch.Tensor:
+        """[n, start + n] bool: the prefix and the causal block (and a sliding window, if any)."""
+        mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), tree_mask], dim=1)
+        if window:
+            k_pos = torch.cat([torch.arange(start, device=self.device), positions])
+            mask = mask & (positions[:, None] - k_pos[None, :] < window)
+        return mask
+
+
+@torch.no_grad()
+def _reproduces(model, lean: LeanRunner) -> bool:
+    """Run a probe (a 9-token prefill, then 3 single tokens) through both paths on scratch pages."""
+    from .attention import specdec_attention
+
+    vocab = model.config.get_text_config().vocab_size
+    g = torch.Generator().manual_seed(0)
+    probe = torch.randint(0, vocab, (12,), generator=g).to(lean.device)
+    outs = []
+    for cls in (ModelRunner, LeanRunner):
+        pool = PagePool(4, 8)
+        table = BlockTable(pool, lean.device)
+        runner = cls(model, pool, table)
+        with specdec_attention(model):
+            rows = [runner.forward(probe[:9], logits_rows=None)]
+            rows += [runner.forward(probe[i:i + 1], logits_rows=1) for i in range(9, 12)]
+        table.release()
+        outs.append(torch.cat(rows))
+    ref, got = outs
+    tol = 1e-4 if ref.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32 else 5e-2
+    return bool(torch.equal(ref.argmax(-1), got.argmax(-1)) and
+                ((ref - got).abs().max() <= tol * ref.abs().max().clamp_min(1.0)))

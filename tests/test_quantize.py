@@ -1,0 +1,81 @@
+"""int8 weight-only drafts: faithful to the float draft, never change the output, leave the caller's model whole."""
+import pytest
+import torch
+import torch.nn as nn
+
+import specdec
+from specdec.quantize import Int8Linear, int8_draft
+
+from conftest import VOCAB, build, hf_greedy
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_is_the_dequantized_matmul_and_within_half_a_step_per_weight(fused, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(48, 40, bias=bias)
+    q = Int8Linear(lin, torch.bfloat16, fused=fused and hasattr(torch, "_weight_int8pack_mm"))
+    w = lin.weight.detach()
+    deq = q.qweight.float() * q.scale.float()[:, None]
+    # symmetric per-row rounding: every weight within half a quantization step of the original
+    assert ((deq - w).abs() <= q.scale.float()[:, None] / 2 + 1e-6).all()
+    x = torch.randn(2, 3, 48)
+    y = q(x)
+    assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
+    ref = x.bfloat16().float() @ deq.T + (lin.bias.detach().bfloat16().float() if bias else 0)
+    assert torch.allclose(y.float(), ref, atol=0.05, rtol=0.02)
+    full = lin(x)  # and close to the float layer it replaces
+    assert (y.float() - full).norm() / full.norm() < 0.02
+
+
+def test_int8_draft_copies_and_leaves_the_callers_model_untouched():
+    model = build("llama", seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    draft = int8_draft(model)
+    assert draft is not model
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert isinstance(model.lm_head, nn.Linear) and next(model.parameters()).dtype == torch.float32
+    linears = [m for m in draft.modules() if isinstance(m, nn.Linear)]
+    assert not linears and isinstance(draft.lm_head, Int8Linear)
+    assert draft.model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_int8_draft_of_the_target_itself_is_accepted_almost_always():
+    """Power: a draft that is the target's own int8 copy must agree with it nearly everywhere; a quantizer
+    that got scales or layouts wrong drafts noise and fails this."""
+    target = build("llama", seed=2, layers=2, scale=2.0)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    out = specdec.generate(target, ids, drafter=int8_draft(target), draft_length=4, max_new_tokens=40,
+                           eos_token_id=None, return_dict_in_generate=True)
+    assert out.stats.acceptance_rate > 0.8
+    broken = int8_draft(target)
+    for m in broken.modules():
+        if isinstance(m, Int8Linear):
+            m.scale.mul_(-1)
+    bad = specdec.generate(target, ids, drafter=broken, draft_length=4, max_new_tokens=40, eos_token_id=None,
+                           return_dict_in_generate=True)
+    assert bad.stats.acceptance_rate < 0.5
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gpt2"])
+def test_greedy_output_with_an_int8_draft_is_the_targets(arch):
+    target = build(arch, seed=0, layers=3)
+    draft = int8_draft(build(arch, seed=5, layers=1))
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, VOCAB, (1, 9), generator=g)
+    ref = hf_greedy(target, ids, 30, eos_token_id=None)
+    for kw in (dict(draft_length=3), dict(draft_length="adaptive"), dict(tree=specdec.TreeSpec.dynamic(nodes=10, depth=4, topk=3))):
+        out = specdec.generate(target, ids, drafter=draft, max_new_tokens=30, eos_token_id=None, **kw)
+        assert torch.equal(out, ref), (arch, kw)
+
+
+def test_int8_draft_samples_and_refuses_float32_activations():
+    target = build("llama", seed=0)
+    draft = int8_draft(build("llama", seed=3, layers=1), dtype=torch.float16)
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    out = specdec.generate(target, ids, drafter=draft, do_sample=True, max_new_tokens=12, eos_token_id=None)
+    assert out.shape == (1, 18)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        int8_draft(target, dtype=torch.float32)
