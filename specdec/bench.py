@@ -60,7 +60,9 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True) ->
     import specdec
 
     ks = _ks(k)
-    modes = {"target-only": _hf_mode(target, n)}
+    modes = {"target-only": _hf_mode(target, n),
+             # specdec's runtime with nothing drafted: separates what the runtime gains from what speculation gains
+             "specdec plain": _spec_mode(specdec.wrap(target, draft_length=0), n)}
     if include_hf and draft is not None:
         for kk in ks:
             fixed = copy.copy(draft)
@@ -136,20 +138,24 @@ def summarise(results: dict, k, greedy: bool) -> dict:
             drafted = sum(s.drafted_tokens for s in st)
             k_used = drafted / max(1, sum(s.target_forwards for s in st))
             c = (sum(s.draft_s for s in st) / drafted) / base_tpot if drafted else 0.0
-            ideal = ideal_speedup(alpha, max(1, round(k_used)), c) if drafted else 1.0
+            ideal = ideal_speedup(alpha, max(1, round(k_used)), c) if drafted else None
             row.update(alpha=alpha, acceptance_rate=mean(lambda s: s.acceptance_rate),
                        tau=mean(lambda s: s.mean_accepted_length), draft_length=k_used, c=c,
                        ttft_s=mean(lambda s: s.ttft_s), tpot_s=mean(lambda s: s.tpot_s),
                        prefill_s=mean(lambda s: s.prefill_s), decode_s=mean(lambda s: s.decode_s),
                        draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
-                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal)
+                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal if ideal else None)
         out["modes"][name] = row
-    drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and n != "specdec ngram"}
+    drafted = {n: r for n, r in out["modes"].items()
+               if n.startswith("specdec") and n not in ("specdec ngram", "specdec plain")}
     if drafted and hf_best:  # the headline: specdec's best mode with the draft vs HF's best with the same draft
         name = max(drafted, key=lambda n: drafted[n]["tokens_per_s"])
+        plain = out["modes"].get("specdec plain")
         out["best_with_draft"] = {"mode": name, "speedup": drafted[name]["speedup"],
                                   "vs_hf_assisted_best": drafted[name]["vs_hf_assisted_best"],
-                                  "fraction_of_ideal": drafted[name].get("fraction_of_ideal")}
+                                  "fraction_of_ideal": drafted[name].get("fraction_of_ideal"),
+                                  "vs_specdec_plain": drafted[name]["tokens_per_s"] / plain["tokens_per_s"]
+                                  if plain else None}
     return out
 
 
@@ -183,6 +189,9 @@ def to_markdown(report: dict) -> str:
         lines += ["", f"Best specdec mode with the draft: **{best['mode']}**, {best['speedup']:.2f}x target-only, "
                   f"{best['vs_hf_assisted_best']:.2f}x HF assisted at its best setting, "
                   f"{100 * (best['fraction_of_ideal'] or 0):.0f} % of the ideal speedup."]
+        if best.get("vs_specdec_plain"):
+            lines[-1] += (f" Of its speedup, {report['modes']['specdec plain']['speedup']:.2f}x is specdec's runtime "
+                          f"alone (`specdec plain`: no drafting) and {best['vs_specdec_plain']:.2f}x is speculation.")
     lines += ["", "Where the decode time goes (mean per generation):", "", time_split(report),
               "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
               "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "

@@ -24,6 +24,7 @@ import torch
 from .cache.pool import BlockTable, PagePool
 from .drafters.base import Draft, DraftContext
 from .hf.attention import specdec_attention
+from .hf.lean import LeanRunner
 from .hf.runner import ModelRunner, max_positions_of
 from .processing import LogitsPipeline
 from .stats import SpecStats
@@ -69,7 +70,7 @@ class Engine:
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
                  tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None,
-                 keep_cache: bool = False):
+                 keep_cache: bool = False, lean: bool = True):
         if tree is not None:
             if not isinstance(tree, TreeSpec):
                 raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
@@ -90,6 +91,7 @@ class Engine:
         self._kept: _Kept | None = None
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
         self.target_runner: ModelRunner | None = None  # the current generation's target runner
+        self.lean = lean  # run the target through hf/lean.py where its probe proves it bit-identical
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -131,7 +133,8 @@ class Engine:
             budget = (max_pos or 4096) if self.keep_cache else T + limits.max_new_tokens
             pool = self._pool_for(budget + max_draft + 2)
             table = BlockTable(pool, self.device)
-            target = ModelRunner(self.target, pool, table, self.kernel)
+            target = (LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True) if self.lean else
+                      None) or ModelRunner(self.target, pool, table, self.kernel)
             self.reused_tokens = 0
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
         stats = SpecStats(prompt_tokens=T)

@@ -25,11 +25,12 @@ def _verify_costs(target, ids, max_n: int, reps: int = 7) -> dict[int, float]:
     """Seconds for one target forward over n new tokens after the prompt, n = 1..max_n (medians)."""
     from .cache.pool import BlockTable, PagePool
     from .hf.attention import specdec_attention
+    from .hf.lean import LeanRunner
     from .hf.runner import ModelRunner
 
     pool = PagePool(-(-(ids.shape[1] + max_n + 1) // 16) + 1, 16)
     table = BlockTable(pool)
-    runner = ModelRunner(target, pool, table)
+    runner = LeanRunner.for_model(target, pool, table, exact=True) or ModelRunner(target, pool, table)  # as the engine
     costs = {}
     with specdec_attention(target):
         runner.forward(ids[0], logits_rows=1)

@@ -12,17 +12,20 @@ def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
           "--out", str(out), "--threads", "1"])
     report = json.loads(out.with_suffix(".json").read_text())
     modes = report["modes"]
-    for m in ("target-only", "HF assisted k=4", "HF assisted heuristic", "HF prompt lookup", "specdec k=4",
-              "specdec adaptive", "specdec ngram"):
+    for m in ("target-only", "specdec plain", "HF assisted k=4", "HF assisted heuristic", "HF prompt lookup",
+              "specdec k=4", "specdec adaptive", "specdec ngram"):
         assert m in modes and modes[m]["tokens_per_s"] > 0
         assert modes[m]["mismatches"] == 0  # greedy modes reproduce target-only output
     for field in ("alpha", "tau", "draft_length", "ttft_s", "tpot_s", "prefill_s", "decode_s", "fraction_of_ideal"):
         assert field in modes["specdec k=4"]
     assert "| specdec adaptive |" in out.with_suffix(".md").read_text()
-    for m in ("HF assisted k=2", "HF assisted k=3", "specdec k=2", "specdec k=3"):  # the default k sweep
+    for m in ("HF assisted k=2", "HF assisted k=6", "specdec k=2", "specdec k=6"):  # the default k sweep
         assert modes[m]["mismatches"] == 0
+    assert modes["specdec plain"]["draft_length"] == 0 and modes["specdec plain"]["fraction_of_ideal"] is None
     best = report["best_with_draft"]
-    assert best["mode"].startswith("specdec") and best["mode"] != "specdec ngram"
+    assert best["mode"].startswith("specdec") and best["mode"] not in ("specdec ngram", "specdec plain")
+    plain = modes["specdec plain"]["tokens_per_s"]
+    assert abs(best["vs_specdec_plain"] - modes[best["mode"]]["tokens_per_s"] / plain) < 1e-9
     assert best["speedup"] == max(r["speedup"] for n, r in modes.items() if n.startswith("specdec k=") or
                                   n == "specdec adaptive")
 

@@ -83,8 +83,11 @@ def test_the_probe_catches_a_decoder_that_transforms_inputs_embeds():
 
 
 def _spy_runs(monkeypatch):
+    """Records every forward; the lean loop (hf/lean.py, tested on its own) is off so all go through _run."""
+    from specdec.hf.lean import LeanRunner
     from specdec.hf.runner import ModelRunner
 
+    monkeypatch.setattr(LeanRunner, "for_model", classmethod(lambda cls, *a, **kw: None))
     calls = []
     real = ModelRunner._run
 

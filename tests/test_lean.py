@@ -42,10 +42,8 @@ def test_unsupported_architectures_keep_the_hf_path_and_the_output(arch):
     assert LeanRunner.for_model(draft_model, pool, BlockTable(pool)) is None
     target = build(arch, seed=0)
     ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
-    drafter = ModelDrafter(draft_model)
-    out = specdec.generate(target, ids, drafter=drafter, draft_length=3, max_new_tokens=20, eos_token_id=None)
+    out = specdec.generate(target, ids, drafter=draft_model, draft_length=3, max_new_tokens=20, eos_token_id=None)
     assert torch.equal(out, hf_greedy(target, ids, 20, eos_token_id=None))
-    assert drafter._lean is False
 
 
 def test_the_probe_refuses_a_model_the_lean_loop_does_not_reproduce():
@@ -73,13 +71,49 @@ def test_model_drafter_drafts_through_the_lean_loop_and_keeps_greedy_output(monk
     ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(6))
     ref = hf_greedy(target, ids, 30, eos_token_id=None)
     for kw in (dict(draft_length=4), dict(draft_length="adaptive"), dict(draft_length=6, do_sample=False)):
-        drafter = ModelDrafter(draft)
-        assert torch.equal(specdec.generate(target, ids, drafter=drafter, max_new_tokens=30, eos_token_id=None,
-                                            **kw), ref)
-        assert drafter._lean is True
+        assert torch.equal(specdec.generate(target, ids, drafter=ModelDrafter(draft), max_new_tokens=30,
+                                            eos_token_id=None, **kw), ref)
     assert calls and all(calls)
     off = ModelDrafter(draft, lean=False)
     calls.clear()
+    runners = []
+    monkeypatch.setattr(ModelDrafter, "end", lambda self: runners.append(type(self.runner)))
     assert torch.equal(specdec.generate(target, ids, drafter=off, draft_length=4, max_new_tokens=30,
                                         eos_token_id=None), ref)
-    assert not calls and not isinstance(off.runner, LeanRunner)
+    assert runners == [ModelRunner]
+
+
+def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monkeypatch):
+    import specdec.hf.lean as lean
+
+    targets, probing = [], []
+    real_init, real_probe = lean.LeanRunner.__init__, lean._probe
+
+    def spy(self, model, *a, **kw):
+        if not probing:  # runners the engine and drafter use, not the probe's own
+            targets.append(model)
+        real_init(self, model, *a, **kw)
+
+    def probe(model):
+        probing.append(model)
+        try:
+            return real_probe(model)
+        finally:
+            probing.clear()
+
+    monkeypatch.setattr(lean.LeanRunner, "__init__", spy)
+    monkeypatch.setattr(lean, "_probe", probe)
+    target, draft = build("llama", seed=0, layers=3), build("llama", seed=4, layers=1)
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    ref = hf_greedy(target, ids, 24, eos_token_id=None)
+    assert torch.equal(specdec.generate(target, ids, drafter=draft, max_new_tokens=24, eos_token_id=None), ref)
+    assert any(m is target for m in targets)  # bit-identical: the target used the lean loop
+    # a lean loop off by a rounding step: still fine for a draft, never for the target
+    real_rms = lean._rms
+    monkeypatch.setattr(lean, "_rms", lambda norm, x: real_rms(norm, x) * (1 + 1e-6))
+    target2, draft2 = build("llama", seed=7, layers=3), build("llama", seed=8, layers=1)
+    targets.clear()
+    ref2 = hf_greedy(target2, ids, 24, eos_token_id=None)
+    assert torch.equal(specdec.generate(target2, ids, drafter=draft2, max_new_tokens=24, eos_token_id=None), ref2)
+    assert any(m is draft2 for m in targets) and not any(m is target2 for m in targets)
+    assert lean._verdicts[target2][(torch.float32, torch.device("cpu"))] == "close"

@@ -25,13 +25,13 @@ def vocab_size_of(model) -> int:
 
 
 class ModelDrafter:
-    """lean: run chain drafting through hf/lean.py's LeanRunner when the model is supported and the probe
-    passes (checked once per drafter); False always uses the HF modules."""
+    """lean: run chain drafting through hf/lean.py's LeanRunner when the model is supported and its probe
+    passes; False always uses the HF modules."""
 
     def __init__(self, model, lean: bool = True):
         self.model = model.eval()
         self.runner: ModelRunner | None = None
-        self._lean: bool | None = None if lean else False  # None: not probed yet
+        self.lean = lean
         self.deterministic = False
         self.tree_kv = None  # set when the drafter writes tree nodes (KV moved with the target's on compaction)
 
@@ -51,15 +51,8 @@ class ModelDrafter:
             self.runner.forward(prompt[self.runner.valid:], logits_rows=1)
 
     def _new_runner(self, table, kernel: bool) -> ModelRunner:
-        if self._lean is not False and not kernel:
-            if self._lean is None:
-                runner = LeanRunner.for_model(self.model, table.pool, table)
-                self._lean = runner is not None
-            else:
-                runner = LeanRunner(self.model, table.pool, table)
-            if runner is not None:
-                return runner
-        return ModelRunner(self.model, table.pool, table, kernel)
+        runner = LeanRunner.for_model(self.model, table.pool, table, kernel) if self.lean else None
+        return runner or ModelRunner(self.model, table.pool, table, kernel)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner
