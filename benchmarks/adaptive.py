@@ -44,6 +44,8 @@ def prompt_sets(tok, n):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="draft-wide")
+    ap.add_argument("--draft-dtype", choices=("float32", "int8"), default="int8",
+                    help="int8: weight-only int8 draft (specdec.int8_draft), as the CLI runs it by default")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -53,7 +55,8 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     target, tok = specdec.zoo.load("target")
-    draft, _ = specdec.zoo.load(a.draft)
+    as_run = specdec.int8_draft if a.draft_dtype == "int8" else (lambda m: m)
+    draft = as_run(specdec.zoo.load(a.draft)[0])
     N = a.new_tokens
     ks = [int(k) for k in a.ks.split(",")]
     modes = {f"k={k}": k for k in ks}
@@ -95,7 +98,7 @@ def main():
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    junk = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval()
+    junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
     plain, adapt = [], []
     useless = specdec.wrap(target, drafter=junk)
     for _ in range(a.repeats):
@@ -118,7 +121,7 @@ def main():
               f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {u['ratio']:.3f})."]
     cmd = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
     Path(a.out + ".md").write_text(f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s (mean over {a.prompts} prompts x "
-                                   f"{a.repeats} repeats per set, {N} new tokens, greedy, drafter {a.draft}; adaptive "
+                                   f"{a.repeats} repeats per set, {N} new tokens, greedy, drafter {a.draft} ({a.draft_dtype}); adaptive "
                                    "is one wrapped model per prompt set, so its estimates carry over from prompt to "
                                    "prompt as when serving; fixed k and heuristic are stateless).\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))

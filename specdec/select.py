@@ -3,10 +3,15 @@ costs, then check the prediction against measured speedups.
 
 Per draft and temperature: per-position acceptance alpha_j (censoring-free), alpha, tau, c (draft time
 per token / plain decoding time per token), the predicted speedup
-S(k) = tau(k) T_plain / (k T_draft + T_verify(k+1) + T_step), with T_verify measured for every n on the
-target (a least-squares line through the medians), T_plain the engine's plain decoding time per token
-and T_step = T_plain - T_verify(1) the engine's per-step work around the bare forward (so S(0) = 1),
-the measured speedup at each k (specdec vs plain decoding, alternating), the best k and the ranking. A draft whose best predicted speedup is clearly
+
+    S(k) = (P_plain + (N - 1) T_plain) / (P_spec + (N - 1) / tau(k) * T_step(k))
+
+with tau(k) from alpha_j, T_plain the engine's plain decoding time per token, P the prefill times, and
+T_step(k) = a + b k the engine's whole time per speculation step (draft, verify, bookkeeping) measured in
+place by short probe runs at k = 1, max_k / 2 and max_k and fitted as a line: costs measured in
+isolation miss how draft and target evict each other's weights from the caches when they alternate,
+which on a CPU is most of the difference. Then the measured speedup at each k (specdec vs plain
+decoding, interleaved prompt by prompt), the best k and the ranking. A draft whose best predicted speedup is clearly
 below 1 is not swept (stopped early). Writes report.json, report.md and PNG plots.
 """
 from __future__ import annotations
@@ -18,33 +23,17 @@ from pathlib import Path
 
 import torch
 
-from .policy import CostModel, expected_tokens
+from .policy import expected_tokens
 
 
-def _verify_costs(target, ids, max_n: int, reps: int = 7) -> dict[int, float]:
-    """Seconds for one target forward over n new tokens after the prompt, n = 1..max_n (medians)."""
-    from .cache.pool import BlockTable, PagePool
-    from .hf.attention import specdec_attention
-    from .hf.lean import LeanRunner
-    from .hf.runner import ModelRunner
-
-    pool = PagePool(-(-(ids.shape[1] + max_n + 1) // 16) + 1, 16)
-    table = BlockTable(pool)
-    runner = LeanRunner.for_model(target, pool, table, exact=True) or ModelRunner(target, pool, table)  # as the engine
-    costs = {}
-    with specdec_attention(target):
-        runner.forward(ids[0], logits_rows=1)
-        L = runner.valid
-        for n in range(1, max_n + 1):
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                runner.forward(ids[0, :n])
-                times.append(time.perf_counter() - t0)
-                runner.rollback(L)
-            costs[n] = statistics.median(times)
-    table.release()
-    return costs
+def _line(points: dict[int, float]) -> tuple[float, float]:
+    """(a, b) of the least-squares line y = a + b k through {k: y} (b = 0 for a single point)."""
+    ks = list(points)
+    if len(ks) == 1:
+        return points[ks[0]], 0.0
+    mk, my = statistics.mean(ks), statistics.mean(points.values())
+    b = sum((k - mk) * (y - my) for k, y in points.items()) / sum((k - mk) ** 2 for k in ks)
+    return my - b * mk, b
 
 
 def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures=(0.0,), max_k: int = 6,
@@ -56,12 +45,7 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
 
     from .drafters.model import vocab_size_of
 
-    measured_verify = _verify_costs(target, prompts[0], max_k + 1)
-    line = CostModel(forgetting=1.0)  # one least-squares line through them: n -> seconds, never falling
-    for n, t in measured_verify.items():
-        line.observe_verify(n, t)
-    t_verify = {n: line.t_verify(n) for n in measured_verify}
-    report = {"t_verify_s": t_verify, "t_verify_measured_s": measured_verify, "drafts": {}, "skipped": {}}
+    report = {"drafts": {}, "skipped": {}}
     ok = {}
     for name, model in drafts.items():
         if vocab_size_of(model) != vocab_size_of(target):
@@ -75,45 +59,61 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
         for temp in temperatures:
             sampling = {"do_sample": temp > 0, **({"temperature": temp} if temp > 0 else {})}
             plain = specdec.wrap(target, drafter=None, draft_length=0)
-            probe = specdec.wrap(target, drafter=model, draft_length=max_k)
-            plain_stats = [plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                          return_dict_in_generate=True, **sampling).stats for p in prompts]
-            stats = [probe.generate(p, max_new_tokens=new_tokens, return_dict_in_generate=True, **sampling).stats
-                     for p in prompts]
+            fixed = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, return_dict_in_generate=True)
+            # probe runs at a few k, alternating with plain decoding prompt by prompt (so both see the same
+            # machine): acceptance by position (from the longest) and the engine's own time per step measured
+            # in place (drafting, verification, bookkeeping, with the caches as they are when draft and target
+            # alternate), fitted as a line in k
+            probes = {k: specdec.wrap(target, drafter=model, draft_length=k)
+                      for k in sorted({1, (max_k + 1) // 2, max_k})}
+            plain_stats, runs = [], {k: [] for k in probes}
+            for p in prompts:
+                plain_stats.append(plain.generate(p, **fixed, **sampling).stats)
+                for k, m in probes.items():
+                    runs[k].append(m.generate(p, **fixed, **sampling).stats)
+            stats = runs[max_k]
             tested = [sum(s.tested_by_position[j] for s in stats if j < len(s.tested_by_position))
                       for j in range(max_k)]
             acc = [sum(s.accepted_by_position[j] for s in stats if j < len(s.accepted_by_position))
                    for j in range(max_k)]
             alphas = [a / t if t else 0.0 for a, t in zip(acc, tested)]
             t_draft = sum(s.draft_s for s in stats) / max(1, sum(s.drafted_tokens for s in stats))
-            # the engine's own costs: plain decoding per token, and the per-step work around the bare target
-            # forward (sampling, acceptance, commit) = plain decoding per token - the bare 1-token forward
             t_plain = sum(s.decode_s for s in plain_stats) / max(1, sum(s.new_tokens - 1 for s in plain_stats))
-            step_extra = max(0.0, t_plain - t_verify[1])
-            predicted = {k: expected_tokens(alphas, k) * t_plain / (k * t_draft + t_verify[k + 1] + step_extra)
-                         for k in range(max_k + 1)}  # S(0) = 1 by construction
+            step_s = {k: sum(s.decode_s for s in st) / max(1, sum(s.target_forwards for s in st))
+                      for k, st in runs.items()}
+            a0, b0 = _line(step_s)
+            prefill_plain = statistics.mean(s.prefill_s for s in plain_stats)
+            prefill_spec = statistics.mean(s.prefill_s for st in runs.values() for s in st)
+            emitted = new_tokens - 1  # the first token comes from the prefill
+            predicted = {0: 1.0}
+            for k in range(1, max_k + 1):
+                spec_s = prefill_spec + emitted / expected_tokens(alphas, k) * (a0 + b0 * k)
+                predicted[k] = (prefill_plain + emitted * t_plain) / spec_s
             rec = {"per_position_acceptance": alphas, "alpha": sum(acc) / max(1, sum(tested)),
                    "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t_plain,
-                   "t_plain_s": t_plain, "step_overhead_s": step_extra, "predicted_speedup": predicted}
+                   "t_plain_s": t_plain, "step_s_measured": step_s, "step_s_line": [a0, b0],
+                   "predicted_speedup": predicted}
             best_pred = max(predicted, key=predicted.get)
             if max(predicted[k] for k in range(1, max_k + 1)) < 0.9:
                 rec["stopped_early"] = "predicted speedup below 0.9 at every k >= 1: not swept"
                 rec["measured_speedup"] = {}
             else:
-                measured = {}
-                for k in range(1, max_k + 1):
-                    spec = specdec.wrap(target, drafter=model, draft_length=k)
-                    ratios = []
-                    for p in prompts:
+                # every k and plain decoding on each prompt in turn (the k order rotating), so a slow spell
+                # on the machine hits all of them alike; speedup = total plain time / total time at k
+                specs = {k: specdec.wrap(target, drafter=model, draft_length=k) for k in range(1, max_k + 1)}
+                plain_total, spec_total = 0.0, {k: 0.0 for k in specs}
+                for i, p in enumerate(prompts):
+                    order = list(specs)[i % max_k:] + list(specs)[:i % max_k]
+                    torch.manual_seed(0)
+                    t0 = time.perf_counter()
+                    plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                    plain_total += time.perf_counter() - t0
+                    for k in order:
                         torch.manual_seed(0)
                         t0 = time.perf_counter()
-                        plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
-                        tb = time.perf_counter() - t0
-                        torch.manual_seed(0)
-                        t0 = time.perf_counter()
-                        spec.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
-                        ratios.append(tb / (time.perf_counter() - t0))
-                    measured[k] = statistics.median(ratios)
+                        specs[k].generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                        spec_total[k] += time.perf_counter() - t0
+                measured = {k: plain_total / t for k, t in spec_total.items()}
                 rec["measured_speedup"] = measured
             rec["best_k_predicted"] = best_pred
             if rec["measured_speedup"]:
