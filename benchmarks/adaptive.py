@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--ks", default="0,1,2,3,4,6,8", help="fixed draft lengths (0 = plain decoding)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sets", default="copy,code,prose", help="prompt sets to run (comma-separated)")
+    ap.add_argument("--no-useless", action="store_true", help="skip the useless-drafter comparison")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "adaptive"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -61,7 +63,7 @@ def main():
     ks = [int(k) for k in a.ks.split(",")]
     modes = {f"k={k}": k for k in ks}
     modes.update({"heuristic": "heuristic", "adaptive": "adaptive"})
-    sets = prompt_sets(tok, a.prompts)
+    sets = {k: v for k, v in prompt_sets(tok, a.prompts).items() if k in a.sets.split(",")}
     results = {}
 
     def spec(drafter, mode, ids):
@@ -72,7 +74,7 @@ def main():
     def served(model, ids):  # a wrapped model: the policy's estimates carry over from one prompt to the next
         return model.generate(ids, max_new_tokens=N, min_new_tokens=N, return_dict_in_generate=True).stats
 
-    spec(draft, 4, tok(sets["code"][0], return_tensors="pt").input_ids)  # warm-up
+    spec(draft, 4, tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids)  # warm-up
     for name, texts in sets.items():
         tps = {m: [] for m in modes}
         adaptive = specdec.wrap(target, drafter=draft)  # fresh per prompt set, warm within it
@@ -94,21 +96,21 @@ def main():
                          "adaptive_vs_best_fixed": med["adaptive"] / med[best_fixed],
                          "adaptive_vs_heuristic": med["adaptive"] / med["heuristic"]}
         print(name, json.dumps(results[name]), file=sys.stderr)
-    # useless drafter: random weights, same shape as the draft
-    from transformers import AutoConfig, AutoModelForCausalLM
+    if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
-    plain, adapt = [], []
-    useless = specdec.wrap(target, drafter=junk)
-    for _ in range(a.repeats):
-        for text in sets["code"]:
-            ids = tok(text, return_tensors="pt").input_ids
-            plain.append(spec(None, 0, ids).tokens_per_s)
-            adapt.append(served(useless, ids).tokens_per_s)
-    results["useless_drafter"] = {"target_only_tokens_per_s": statistics.mean(plain),
-                                  "adaptive_tokens_per_s": statistics.mean(adapt),
-                                  "ratio": statistics.mean(adapt) / statistics.mean(plain)}
+        torch.manual_seed(0)
+        junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
+        plain, adapt = [], []
+        useless = specdec.wrap(target, drafter=junk)
+        for _ in range(a.repeats):
+            for text in specdec.zoo.prompts(a.prompts):
+                ids = tok(text, return_tensors="pt").input_ids
+                plain.append(spec(None, 0, ids).tokens_per_s)
+                adapt.append(served(useless, ids).tokens_per_s)
+        results["useless_drafter"] = {"target_only_tokens_per_s": statistics.mean(plain),
+                                      "adaptive_tokens_per_s": statistics.mean(adapt),
+                                      "ratio": statistics.mean(adapt) / statistics.mean(plain)}
     Path(a.out + ".json").write_text(json.dumps(results, indent=2))
     lines = ["| prompt set | " + " | ".join(modes) + " | best fixed | adaptive / best fixed | adaptive / heuristic |",
              "|---|" + "---|" * (len(modes) + 3)]
@@ -116,9 +118,10 @@ def main():
         r = results[name]
         lines.append(f"| {name} | " + " | ".join(f"{r['tokens_per_s'][m]:.1f}" for m in modes) +
                      f" | {r['best_fixed']} | {r['adaptive_vs_best_fixed']:.3f} | {r['adaptive_vs_heuristic']:.3f} |")
-    u = results["useless_drafter"]
-    lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
-              f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {u['ratio']:.3f})."]
+    u = results.get("useless_drafter")
+    if u:
+        lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
+                  f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {u['ratio']:.3f})."]
     cmd = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
     Path(a.out + ".md").write_text(f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s (mean over {a.prompts} prompts x "
                                    f"{a.repeats} repeats per set, {N} new tokens, greedy, drafter {a.draft} ({a.draft_dtype}); adaptive "

@@ -161,6 +161,8 @@ class Engine:
                     self.drafter.begin(self, table, prompt)
                     stats.prefill_s += time.perf_counter() - t_draft
                 done = self._stops(tokens, T, limits, scores[:1])
+                if hasattr(self.policy, "begin_sequence"):
+                    self.policy.begin_sequence()
                 t_decode = time.perf_counter()
                 while not done:
                     done = self._step(tokens, T, target, pipeline, sampling, limits, stats, generator, table,

@@ -147,6 +147,10 @@ class AcceptanceTracker:
         a <- lam * a + n            b <- lam * b + 1[n < k]            alpha = a / (a + b)
 
     (a, b start at `prior`; the window is about 1 / (1 - lam) steps; lam = 1 is the plain MLE plus prior.)
+    A plain step (k = 0) tests nothing but still ages every count by lam: the rates keep their means and
+    lose weight, so after falling back to plain decoding the next probe's outcome counts as much as the
+    stale evidence that caused the fallback (otherwise one hard prompt kept the plan at k = 0 through
+    the easy text after it: a traced generation spent 30 plain steps there while its probes accepted).
 
     Per position j = 1..max_positions: tested iff j <= n + 1 and j <= k, a success iff j <= n. Each
     position keeps forgetting counts (a_j, b_j), all decayed by lam every step, and reports
@@ -211,8 +215,11 @@ class AcceptanceTracker:
         k, n = int(k), int(n)
         if k < 0 or not 0 <= n <= k:
             raise ValueError(f"need 0 <= n <= k, got k={k}, n={n}")
-        if k == 0:
-            return  # plain step: nothing was tested
+        lam = self.forgetting
+        if k == 0:  # plain step: nothing tested, but the evidence ages (see the class doc)
+            self.a, self.b = lam * self.a, lam * self.b
+            self._decay_positions()
+            return
         tested = min(n + 1, k)
         if beta is None:
             outcomes = [1.0] * n + [0.0] * (tested - n)
@@ -224,21 +231,24 @@ class AcceptanceTracker:
             outcomes = b_list[:tested]
             if any(not 0.0 <= v <= 1.0 for v in outcomes):
                 raise ValueError(f"beta values must lie in [0, 1], got {outcomes}")
-        lam = self.forgetting
         succ = sum(outcomes)
         self.a = lam * self.a + succ
         self.b = lam * self.b + (tested - succ)
         ca, cb = self._ctx_a[self.context], self._ctx_b[self.context]
-        for pa, pb in [(self._pos_a, self._pos_b)] + list(zip(self._ctx_a, self._ctx_b)):
-            for j in range(self.max_positions):
-                pa[j] *= lam
-                pb[j] *= lam
+        self._decay_positions()
         for pa, pb in ((self._pos_a, self._pos_b), (ca, cb)):
             for j in range(min(tested, self.max_positions)):
                 pa[j] += outcomes[j]
                 pb[j] += 1.0 - outcomes[j]
         self.context = 1 if n == k else 0
         self._steps += 1
+
+    def _decay_positions(self) -> None:
+        lam = self.forgetting
+        for pa, pb in [(self._pos_a, self._pos_b)] + list(zip(self._ctx_a, self._ctx_b)):
+            for j in range(self.max_positions):
+                pa[j] *= lam
+                pb[j] *= lam
 
     def observe_ranks(self, accepted: Sequence[bool]) -> None:
         """One tree step: accepted[r] says whether the step's (r+1)-th best node (by path probability) was
@@ -319,24 +329,30 @@ class CostModel:
 
     x <- (1 - smoothing) * x + smoothing * new; the first measurement of a quantity is taken as is.
 
-    T_verify(n) is a line, T_verify(n) = a + b (n - 1) with b >= 0 (a forward over more tokens never costs
-    less), fitted by weighted least squares through the per-n EMAs, each weighted by how often, and how
-    recently, that n was measured (weights decay by `forgetting` per measurement). One line for every n,
-    not a table: a slow measurement at an n the plan then stops visiting (a first forward at a new shape
-    pays for kernel set-up) fades behind the n's measured every step, instead of pricing that k out for
-    good. The slope is ridge-shrunk towards 0 (flat, the memory-bound case): with two distinct n the
+    T_target_1 (a plain step) is its own EMA: a forward over one token is a matrix-vector product, a
+    different kernel from a forward over several, and on a CPU it is much cheaper than the line through
+    the multi-token forwards would say (the zoo target: 9 ms for 1 token, 12 ms for 2, 14 ms for 9).
+    Until a plain step is measured it is the line's value at n = 1, never below max_n T_verify(n) / n.
+
+    T_verify(n) for n >= 2 is a line, a + b (n - 1) with b >= 0 (a forward over more tokens never costs
+    less), fitted by weighted least squares through the per-n EMAs of n >= 2, each weighted by how often,
+    and how recently, that n was measured (weights decay by `forgetting` per measurement). One line, not
+    a table: a slow measurement at an n the plan then stops visiting (a first forward at a new shape pays
+    for kernel set-up) fades behind the n's measured every step instead of pricing that k out for good.
+    The slope is ridge-shrunk towards 0 (flat, the memory-bound case): with two distinct n the
     least-squares line passes through both whatever their weights, so without the shrinkage one stale
-    slow forward at n = 3 would tilt the line for good and keep a plan at k = 0 from ever trying k > 0
-    again; shrunk, the line flattens as that point's weight fades, the plan tries longer drafts, and
-    their measurements set the slope. With one n measured the line is flat.
+    slow forward would tilt the line for good; shrunk, the line flattens as that point's weight fades,
+    the plan tries longer drafts, and their measurements set the slope. Likewise the intercept is shrunk
+    towards T_target_1 with the same prior weight, so stale multi-token measurements fade towards the
+    plain step's cost. With one n >= 2 measured the line is flat; with none it is flat at T_target_1
+    (the optimistic, memory-bound prior).
 
     An n measured often and recently (decayed count >= `trusted_weight`) is priced by its own EMA rather
     than the line: real kernels are not linear in n (on this project's CPU a forward over 4-7 tokens
-    costs less than one over 2-3, a matrix-kernel choice), and the plan should see that where it has
-    the evidence. A single or stale measurement never is: the line prices it.
+    can cost less than one over 2-3), and the plan should see that where it has the evidence. A single
+    or stale measurement never is: the line prices it.
 
-    T_target_1 = a, never below max_n T_verify(n) / n (batching n tokens never costs more than n plain
-    steps). Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
+    Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
     """
 
     DEFAULT_C = 0.1
@@ -375,6 +391,10 @@ class CostModel:
             self._weight[n] = self._weight.get(n, 0.0) + 1.0
             self._fitted = None
 
+    def trusted(self, n: int) -> bool:
+        """Whether n is measured often and recently enough to be priced by its own EMA."""
+        return self._weight.get(int(n), 0.0) >= self.trusted_weight
+
     def observe_plain(self, seconds: float) -> None:
         """A plain decoding step: the target forward over one token (T_target_1)."""
         self.observe_verify(1, seconds)
@@ -385,33 +405,47 @@ class CostModel:
         return bool(self._verify)
 
     def _line(self) -> tuple[float, float]:
-        """(a, b) of T_verify(n) = a + b (n - 1), weighted least squares, b >= 0; a floored (see class doc)."""
+        """(a, b) of T_verify(n) = a + b (n - 1) for n >= 2: weighted least squares through the n >= 2
+        EMAs, b >= 0 (see class doc); flat at the plain step's cost while no n >= 2 is measured."""
         if self._fitted is None:
-            w = self._weight
-            total = sum(w.values())
-            xm = sum(w[n] * n for n in self._verify) / total
-            ym = sum(w[n] * t for n, t in self._verify.items()) / total
-            sxx = sum(w[n] * (n - xm) ** 2 for n in self._verify)
-            sxy = sum(w[n] * (n - xm) * (t - ym) for n, t in self._verify.items())
-            b = max(0.0, sxy / (sxx + self.slope_prior)) if sxx + self.slope_prior > 0 else 0.0
-            a = max(ym - b * (xm - 1.0), max(t / n for n, t in self._verify.items()))
-            self._fitted = (a, b)
+            pts = {n: t for n, t in self._verify.items() if n >= 2}
+            if not pts:
+                self._fitted = (self._verify[1], 0.0)
+            else:
+                w = self._weight
+                total = sum(w[n] for n in pts)
+                xm = sum(w[n] * n for n in pts) / total
+                ym = sum(w[n] * t for n, t in pts.items()) / total
+                sxx = sum(w[n] * (n - xm) ** 2 for n in pts)
+                sxy = sum(w[n] * (n - xm) * (t - ym) for n, t in pts.items())
+                b = max(0.0, sxy / (sxx + self.slope_prior)) if sxx + self.slope_prior > 0 else 0.0
+                a = ym - b * (xm - 1.0)
+                if 1 in self._verify:  # prior: flat at the plain step, worth `slope_prior` measurements
+                    a = (total * a + self.slope_prior * self._verify[1]) / (total + self.slope_prior)
+                self._fitted = (a, b)
         return self._fitted
 
     @property
     def t_target_1(self) -> float:
-        """Seconds for a plain decoding step (target forward over 1 token)."""
-        return self._line()[0] if self._verify else 1.0
+        """Seconds for a plain decoding step (target forward over 1 token; see class doc)."""
+        if not self._verify:
+            return 1.0
+        if 1 in self._verify:
+            return self._verify[1]
+        a = self._line()[0]
+        return max(a, max(t / n for n, t in self._verify.items()))
 
     def t_verify(self, n: int) -> float:
-        """Seconds for a target forward over n tokens: its own EMA while n is measured often (weight >=
-        `trusted_weight`), the fitted line otherwise (see class doc)."""
+        """Seconds for a target forward over n tokens: T_target_1 for n = 1; for n >= 2 its own EMA while
+        n is measured often (weight >= `trusted_weight`), the fitted line otherwise (see class doc)."""
         n = int(n)
         if n < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
         if not self._verify:
             return 1.0
-        if self._weight.get(n, 0.0) >= self.trusted_weight:
+        if n == 1:
+            return self.t_target_1
+        if self.trusted(n):
             return self._verify[n]
         a, b = self._line()
         return a + b * (n - 1)
@@ -452,6 +486,7 @@ class DraftPolicy(Protocol):
     observe(k, n, draft_s, verify_s, beta=None): after every step, plain ones included (k = 0): k drafted,
                      n accepted, seconds spent drafting and in the target forward over k + 1 tokens,
                      beta = optional per-position acceptance probabilities sum_x min(p_j, q_j) (sampling).
+    begin_sequence(): optional; the engine calls it when a generation starts (after the prefill).
     """
 
     max_length: int
@@ -561,11 +596,15 @@ class AdaptivePolicy(_BasePolicy):
     probability. Early stops keep the estimate honest because observe() receives the k actually drafted;
     alpha_j beyond the first position then describe confident drafts, which is what the cap is used for.
 
-    Fallback: when the best k is 0 (speculation loses; with flat verification exactly when alpha <= c),
+    Fallback: when every k >= 1 is expected to be slower than plain decoding by more than a margin
+    (`fallback_below` = 0.95: speculation clearly loses; with flat verification about when alpha <= c),
     decode plainly and, after `probe_every` plain steps in a row, draft `probe_length` tokens once so
     alpha is measured again; speculation resumes by itself when the estimate says it pays. Each probe
     that does not bring speculation back doubles the gap to the next (up to 4 x probe_every): a useless
-    drafter costs about one draft token per 64 steps.
+    drafter costs about one draft token per 64 steps. The margin is there because acceptance comes in
+    bursts: near break-even, speculating keeps measuring alpha every step and catches the next easy
+    stretch at once, while plain decoding sees it only at the next sparse probe (on the zoo's prose
+    prompts, falling back at break-even cost 15 % against a fixed k).
 
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
     (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
@@ -584,6 +623,7 @@ class AdaptivePolicy(_BasePolicy):
         probe_length: int = 1,
         early_stop: bool = True,
         calibration_prior: float = 4.0,
+        fallback_below: float = 0.95,
     ):
         if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 1:
             raise ValueError(f"max_draft_length must be an int >= 1, got {max_length!r}")
@@ -598,6 +638,9 @@ class AdaptivePolicy(_BasePolicy):
         self.probe_length = min(int(probe_length), self.max_length)
         self.early_stop = bool(early_stop)
         self.calibration_prior = float(calibration_prior)
+        if not 0.0 < fallback_below <= 1.0:
+            raise ValueError(f"fallback_below must be in (0, 1], got {fallback_below}")
+        self.fallback_below = float(fallback_below)
         self._plain_run = 0  # plain steps in a row since the last drafting step
         self._probe_gap = self.probe_every  # plain steps before the next probe (doubles while probes fail)
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
@@ -625,8 +668,16 @@ class AdaptivePolicy(_BasePolicy):
         c = self.costs
         self._rates = self._rates_for_plan()
         k, s = best_length(self._rates, self.max_length, c.t_draft, c.t_verify, c.t_target_1)
+        if k == 0 and self.fallback_below < 1.0:  # hysteresis: leave speculation only when it clearly loses
+            s_plain = c.t_target_1 / c.t_verify(1)
+            k1 = max(range(1, self.max_length + 1), key=lambda j: expected_speedup(
+                self._rates, j, c.t_draft, c.t_verify, c.t_target_1))
+            s1 = expected_speedup(self._rates, k1, c.t_draft, c.t_verify, c.t_target_1)
+            if s1 >= self.fallback_below * s_plain:
+                k, s = k1, s1
         if k > 0:
             self._probe_gap = self.probe_every  # speculating again: probe promptly if it stops paying
+
         self._probing = k == 0 and self._plain_run + 1 >= self._probe_gap
         if self._probing:
             self._probe_gap = min(2 * self._probe_gap, 4 * self.probe_every)
@@ -656,6 +707,14 @@ class AdaptivePolicy(_BasePolicy):
         self.tracker.observe_ranks(accepted_by_rank)
         if accepted_by_rank:
             self._tree_draft_s = self.costs._ema(self._tree_draft_s, float(draft_s))
+
+    def begin_sequence(self) -> None:
+        """A new generation: its text may be easier than the last one's, so a policy that fell back to
+        plain decoding probes on its first step, and the probe gap starts again at `probe_every`
+        (otherwise a hard prompt's doubled gap kept the next, easy prompt plain for up to 64 steps)."""
+        self._probe_gap = self.probe_every
+        if self._plain_run > 0:
+            self._plain_run = self._probe_gap - 1
 
     # ---- inside a step
 
