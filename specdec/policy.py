@@ -243,12 +243,20 @@ class AcceptanceTracker:
         self.context = 1 if n == k else 0
         self._steps += 1
 
-    def _decay_positions(self) -> None:
-        lam = self.forgetting
+    def _decay_positions(self, lam: float | None = None) -> None:
+        lam = self.forgetting if lam is None else lam
         for pa, pb in [(self._pos_a, self._pos_b)] + list(zip(self._ctx_a, self._ctx_b)):
             for j in range(self.max_positions):
                 pa[j] *= lam
                 pb[j] *= lam
+
+    def discount(self, factor: float) -> None:
+        """Scale every acceptance count by `factor` in (0, 1]: the rates keep their means and lose weight,
+        so what comes next moves them faster (a new text starts; trees' per-rank counts are kept)."""
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"discount factor must be in (0, 1], got {factor}")
+        self.a, self.b = factor * self.a, factor * self.b
+        self._decay_positions(factor)
 
     def observe_ranks(self, accepted: Sequence[bool]) -> None:
         """One tree step: accepted[r] says whether the step's (r+1)-th best node (by path probability) was
@@ -624,6 +632,7 @@ class AdaptivePolicy(_BasePolicy):
         early_stop: bool = True,
         calibration_prior: float = 4.0,
         fallback_below: float = 0.95,
+        sequence_discount: float = 0.25,
     ):
         if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 1:
             raise ValueError(f"max_draft_length must be an int >= 1, got {max_length!r}")
@@ -641,6 +650,9 @@ class AdaptivePolicy(_BasePolicy):
         if not 0.0 < fallback_below <= 1.0:
             raise ValueError(f"fallback_below must be in (0, 1], got {fallback_below}")
         self.fallback_below = float(fallback_below)
+        if not 0.0 < sequence_discount <= 1.0:
+            raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
+        self.sequence_discount = float(sequence_discount)
         self._plain_run = 0  # plain steps in a row since the last drafting step
         self._probe_gap = self.probe_every  # plain steps before the next probe (doubles while probes fail)
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
@@ -710,11 +722,14 @@ class AdaptivePolicy(_BasePolicy):
 
     def begin_sequence(self) -> None:
         """A new generation: its text may be easier than the last one's, so a policy that fell back to
-        plain decoding probes on its first step, and the probe gap starts again at `probe_every`
-        (otherwise a hard prompt's doubled gap kept the next, easy prompt plain for up to 64 steps)."""
-        self._probe_gap = self.probe_every
+        plain decoding probes on its first step (otherwise a hard prompt's doubled probe gap kept the
+        next, easy prompt plain for up to 64 steps). The gap itself is kept: a useless drafter still
+        costs about two 1-token probes per 128-token generation. The acceptance evidence keeps its
+        means but is discounted by `sequence_discount` (0.25): the last text's rates are the new one's
+        starting point, and its first steps move them four times faster."""
         if self._plain_run > 0:
             self._plain_run = self._probe_gap - 1
+        self.tracker.discount(self.sequence_discount)
 
     # ---- inside a step
 

@@ -358,8 +358,12 @@ def test_a_new_sequence_probes_at_once_after_a_fallback():
     policy.begin_sequence()
     assert policy.next_length() == policy.probe_length  # the new text's first step measures alpha
     policy.observe(1, 0, c * t1, t1)
-    assert policy.next_length() == 0
-    assert policy._probe_gap == 2 * policy.probe_every  # after one failed probe: 32, not the old text's 64
+    plans = []
+    for _ in range(70):
+        k = policy.next_length()
+        policy.observe(k, 0, k * c * t1, t1)
+        plans.append(k)
+    assert plans.index(1) == 4 * policy.probe_every - 1  # still useless: the doubled gap (64) was kept
     fresh = AdaptivePolicy(max_length=8)
     fresh.begin_sequence()  # nothing learned yet: no effect
     assert fresh.next_length() > 0
@@ -601,3 +605,29 @@ def test_plain_steps_do_not_tilt_the_multi_token_line():
     assert cm.t_verify(9) < 0.0155  # the truth is ~15 ms; a line through n = 1 too says ~23 ms
     k, s = best_length([0.8] * 8, 8, 0.0008, cm.t_verify, cm.t_target_1)
     assert k >= 5 and s > 1.6
+
+
+def test_discounting_at_a_new_sequence_pays_when_texts_differ():
+    """Prompts alternate between hard text (alpha 0.3) and easy text (alpha 0.95), 40 steps each, one
+    policy across them (as a served model). Discounting the evidence at each new sequence lets the plan
+    follow the new text sooner; without it (sequence_discount = 1) the throughput is lower."""
+    t1, td = 0.01, 0.0008
+
+    def run(discount):
+        rng = np.random.default_rng(3)
+        policy = AdaptivePolicy(max_length=8, sequence_discount=discount)
+        tokens = seconds = 0.0
+        for seq in range(40):
+            alpha = 0.3 if seq % 2 else 0.95
+            policy.begin_sequence()
+            for _ in range(40):
+                k = policy.next_length()
+                n = accepted_prefix(rng, [alpha] * k, k)
+                policy.observe(k, n, draft_s=k * td, verify_s=t1 * (1 + 0.05 * k))
+                tokens += n + 1
+                seconds += k * td + t1 * (1 + 0.05 * k)
+        return tokens / seconds
+
+    assert run(0.25) > 1.02 * run(1.0)
+    with pytest.raises(ValueError, match="sequence_discount"):
+        AdaptivePolicy(sequence_discount=0.0)

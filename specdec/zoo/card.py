@@ -96,21 +96,23 @@ def measure(num_prompts: int = 16, new_tokens: int = 64, work: Path | None = Non
                     lg = model(cont).logits[0, ids.shape[1] - 1:-1].argmax(-1)
                 agree += int((lg == cont[0, ids.shape[1]:]).sum())
                 total += cont.shape[1] - ids.shape[1]
-            # the same draft run in bfloat16 (the target stays float32): cheaper on CPUs with bf16 units
-            model16 = copy.deepcopy(model).to(torch.bfloat16)
-            drafted16, accepted16, _, _ = _speculate_k4(target, model16, prompt_ids, continuations, new_tokens,
-                                                  f"{name} (bf16)")
-            t_d, t_d16, t_t = [], [], []
+            # the same weights run cheaper (the target stays float32): bfloat16, and int8 weight-only
+            from ..quantize import int8_draft
+
+            variants = {"bf16": copy.deepcopy(model).to(torch.bfloat16), "int8": int8_draft(model)}
+            low = {v: _speculate_k4(target, m, prompt_ids, continuations, new_tokens, f"{name} ({v})")
+                   for v, m in variants.items()}
+            times = {v: [] for v in ("fp32", *variants, "target")}
             for i in range(6):  # alternate, side by side
                 ids = prompt_ids[i % min(2, len(prompt_ids))]
-                t_d.append(_tpot(model, ids))
-                t_d16.append(_tpot(model16, ids))
-                t_t.append(_tpot(target, ids))
-            c = statistics.median(t_d) / statistics.median(t_t)
-            c16 = statistics.median(t_d16) / statistics.median(t_t)
+                for v, m in (("fp32", model), *variants.items(), ("target", target)):
+                    times[v].append(_tpot(m, ids))
+            t_t = statistics.median(times["target"])
             rec.update(acceptance_k4=round(accepted / max(1, drafted), 4), tau_k4=round(emitted / max(1, forwards), 3),
-                       token_agreement=round(agree / max(1, total), 4), c=round(c, 3),
-                       acceptance_k4_bf16=round(accepted16 / max(1, drafted16), 4), c_bf16=round(c16, 3),
+                       token_agreement=round(agree / max(1, total), 4),
+                       c=round(statistics.median(times["fp32"]) / t_t, 3),
+                       **{f"acceptance_k4_{v}": round(low[v][1] / max(1, low[v][0]), 4) for v in variants},
+                       **{f"c_{v}": round(statistics.median(times[v]) / t_t, 3) for v in variants},
                        sample=tok.decode(specdec.generate(model, prompt_ids[0], max_new_tokens=new_tokens,
                                                           draft_length=0)[0, prompt_ids[0].shape[1]:]))
         else:
@@ -158,6 +160,9 @@ def write_cards(results: dict) -> None:
                       f"| c = per-token latency / target's (this machine) | {rec['c']:.3f} |",
                       f"| the draft in bfloat16 (target float32): acceptance, k = 4 / c | "
                       f"{rec['acceptance_k4_bf16']:.3f} / {rec['c_bf16']:.3f} |"]
+            if "c_int8" in rec:
+                lines.append(f"| the draft int8 weight-only (`specdec.int8_draft`): acceptance, k = 4 / c | "
+                             f"{rec['acceptance_k4_int8']:.3f} / {rec['c_int8']:.3f} |")
         curve = _agreement_curve(d / "training_log.jsonl")
         if curve:
             lines += ["", "Agreement with the target during training (teacher-forced top-1 on 8 fixed held-out "
