@@ -13,7 +13,9 @@ the HF path's. `LeanRunner.for_model` checks that on a probe sequence, once per 
 and returns None (the caller keeps the HF path) for any model it does not reproduce: an unsupported
 architecture or config option, a hook. With exact=True (the target: its logits decide the output) the
 probe demands bitwise equality; for a draft (exact=False) the same greedy tokens and logits within
-rounding suffice, since a draft's numbers only move acceptance.
+rounding suffice, since a draft's numbers only move acceptance. The verdict is cached per model object:
+hooks or weights changed after its first generation are not re-probed (`ModelDrafter(lean=False)` and
+`Engine(lean=False)` bypass the loop).
 
 Shapes: tokens [n] int64, positions [n] int64; hidden states [n, H]; queries [1, Hq, n, D];
 keys/values gathered [1, Hkv, T, D]; returned logits [r, V] float32.
