@@ -50,14 +50,16 @@ class Int8Linear(nn.Module):
         self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.scale.dtype)
+        return self.forward_2d(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+
+    def forward_2d(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, in_features] -> [n, out_features], in the activation dtype."""
+        x = x.to(self.scale.dtype)
         if self.fused:
-            y = torch._weight_int8pack_mm(flat, self.qweight, self.scale)
+            y = torch._weight_int8pack_mm(x, self.qweight, self.scale)
         else:
-            y = F.linear(flat, self.qweight.to(flat.dtype) * self.scale[:, None])
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+            y = F.linear(x, self.qweight.to(x.dtype) * self.scale[:, None])
+        return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fused={self.fused}"

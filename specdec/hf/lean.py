@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
 from ..quantize import Int8Linear
-from .runner import ModelRunner, causal_mask
+from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -43,21 +43,14 @@ class _Lin:
 
     def __init__(self, m: nn.Module):
         if isinstance(m, Int8Linear):
-            self.weight, self.qweight, self.scale, self.bias, self.fused_int8 = None, m.qweight, m.scale, m.bias, m.fused
+            self.weight, self.bias, self.int8 = None, None, m
         elif type(m) is nn.Linear:
-            self.weight, self.bias = m.weight, m.bias
+            self.weight, self.bias, self.int8 = m.weight, m.bias, None
         else:
             raise TypeError(f"unsupported linear {type(m).__name__}")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        x = x.to(self.scale.dtype)
-        if self.fused_int8:
-            y = torch._weight_int8pack_mm(x, self.qweight, self.scale)
-        else:
-            y = F.linear(x, self.qweight.to(x.dtype) * self.scale[:, None])
-        return y if self.bias is None else y + self.bias
+        return self.int8.forward_2d(x) if self.int8 is not None else F.linear(x, self.weight, self.bias)
 
 
 class _Layer:
