@@ -80,7 +80,7 @@ def cmd_demo(a) -> None:
     spec_tps = statistics.median(o.stats.tokens_per_s for o in spec_runs)
     same = torch.equal(spec_runs[0].sequences, base)
     mean_k = sum(s.draft_lengths) / max(1, len(s.draft_lengths))
-    name = a.drafter if isinstance(a.drafter, str) else "model"
+    name = a.drafter if a.drafter == "ngram" else f"{a.drafter} ({a.draft_dtype})"
     print("\n" + "-" * 72)
     print(f"target {a.target}  drafter {name}  draft_length {a.draft_length}  "
           f"{'sampling' if a.do_sample else 'greedy'}  ({a.repeats} runs each, alternating; medians)")
