@@ -681,12 +681,10 @@ class AdaptivePolicy(_BasePolicy):
         self._rates = self._rates_for_plan()
         k, s = best_length(self._rates, self.max_length, c.t_draft, c.t_verify, c.t_target_1)
         if k == 0 and self.fallback_below < 1.0:  # hysteresis: leave speculation only when it clearly loses
-            s_plain = c.t_target_1 / c.t_verify(1)
-            k1 = max(range(1, self.max_length + 1), key=lambda j: expected_speedup(
-                self._rates, j, c.t_draft, c.t_verify, c.t_target_1))
-            s1 = expected_speedup(self._rates, k1, c.t_draft, c.t_verify, c.t_target_1)
-            if s1 >= self.fallback_below * s_plain:
-                k, s = k1, s1
+            sp = self.speedups()
+            k1 = max(range(1, len(sp)), key=sp.__getitem__)
+            if sp[k1] >= self.fallback_below * sp[0]:
+                k, s = k1, sp[k1]
         if k > 0:
             self._probe_gap = self.probe_every  # speculating again: probe promptly if it stops paying
 

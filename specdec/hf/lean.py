@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
 from ..quantize import Int8Linear
+from .cache import StepMeta
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -134,39 +135,24 @@ class LeanRunner(ModelRunner):
         write, read = self.table.slots(start, end), self.table.slots(0, end)
         x = self.embed(tokens)  # [n, H]
         cos, sin = self._rope(positions, x.dtype)
-        cos, sin = cos[None, :, None], sin[None, :, None]  # broadcast over [1, n, heads, D]
+        cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
-        masks: dict = {}
+        meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions)
         for i, L in enumerate(self.layers):
             h = _rms(L.ln1, x)
-            q, k, v = L.q(h).view(1, n, Hq, D), L.k(h).view(1, n, Hkv, D), L.v(h).view(1, n, Hkv, D)
+            q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            kv = self.kv
-            if kv.k[i] is None:
-                kv._alloc(i, k.transpose(1, 2))
-            kv.k[i].index_copy_(0, write, k[0].to(kv.k[i].dtype))
-            kv.v[i].index_copy_(0, write, v[0].to(kv.v[i].dtype))
-            keys = kv.k[i].index_select(0, read).transpose(0, 1)[None]  # [1, Hkv, T, D]
-            vals = kv.v[i].index_select(0, read).transpose(0, 1)[None]
-            mask = masks.get(L.sliding_window)
-            if mask is None:  # the same mask the HF path passes (bit-identical attention needs it)
-                mask = masks[L.sliding_window] = self._mask(n, start, positions, tree_mask, L.sliding_window)
-            att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask, scale=L.scaling,
-                                                 enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
+            self.kv.write(i, write, k, v)
+            keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
+            # the same mask the HF path passes (bit-identical attention needs it)
+            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.mask_for(L.sliding_window),
+                                                 scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
             x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             h = _rms(L.ln2, x)
             x = x + L.down(L.act(L.gate(h)) * L.up(h))
         rows = x if logits_rows is None else (x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows])
         return self.head(_rms(self.final_norm, rows)).float()
-
-    def _mask(self, n, start, positions, tree_mask, window) -> torch.Tensor:
-        """[n, start + n] bool: the prefix and the causal block (and a sliding window, if any)."""
-        mask = torch.cat([torch.ones(n, start, dtype=torch.bool, device=self.device), tree_mask], dim=1)
-        if window:
-            k_pos = torch.cat([torch.arange(start, device=self.device), positions])
-            mask = mask & (positions[:, None] - k_pos[None, :] < window)
-        return mask
 
 
 @torch.no_grad()
