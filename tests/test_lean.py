@@ -117,3 +117,22 @@ def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monke
     assert torch.equal(specdec.generate(target2, ids, drafter=draft2, max_new_tokens=24, eos_token_id=None), ref2)
     assert any(m is draft2 for m in targets) and not any(m is target2 for m in targets)
     assert lean._verdicts[target2][(torch.float32, torch.device("cpu"))] == "close"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_entering_at_a_layer_with_hidden_states_matches_the_hf_modules_bit_for_bit(arch):
+    model = build(arch, seed=2, layers=4)
+    tokens = torch.randint(3, VOCAB, (14,), generator=torch.Generator().manual_seed(3))
+    hidden = torch.randn(4, model.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    outs = []
+    for cls in (ModelRunner, LeanRunner):
+        pool = PagePool(4, 8)
+        runner = cls(model, pool, BlockTable(pool))
+        with specdec_attention(model):
+            runner.forward(tokens[:10], logits_rows=1)
+            runner.forward(tokens[10:], logits_rows=1)  # layers < 2 now hold KV for positions 10..13
+            runner.rollback(10)
+            outs.append(runner.forward(tokens[10:], hidden=hidden, start_layer=2))
+        with pytest.raises(ValueError, match="entering a layer > 0"):
+            runner.forward(tokens[10:], hidden=hidden[:2], start_layer=2)
+    assert torch.equal(outs[0], outs[1])

@@ -67,6 +67,9 @@ class ModelRunner:
         skipped, and their KV for these positions must already be in the pages.
         """
         n = tokens.numel()
+        if hidden is not None and (start_layer <= 0 or hidden.shape[0] != n):
+            raise ValueError(f"hidden must be [n = {n}, H] entering a layer > 0; got {tuple(hidden.shape)} at "
+                             f"layer {start_layer}")
         start = self.kv.valid
         if positions is None:
             positions = torch.arange(start, start + n, device=self.device)
@@ -106,9 +109,6 @@ class ModelRunner:
              start_layer: int = 0) -> torch.Tensor:
         """One forward: the n tokens go to the last n of positions start .. start+b-1 (b = tree_mask's width)."""
         n, b = tokens.numel(), tree_mask.shape[1]
-        if hidden is not None and (start_layer <= 0 or hidden.shape[0] != n):
-            raise ValueError(f"hidden must be [n = {n}, H] entering a layer > 0; got {tuple(hidden.shape)} at "
-                             f"layer {start_layer}")
         end = start + b
         self.table.reserve(end)
         meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
