@@ -217,8 +217,7 @@ class AcceptanceTracker:
             raise ValueError(f"need 0 <= n <= k, got k={k}, n={n}")
         lam = self.forgetting
         if k == 0:  # plain step: nothing tested, but the evidence ages (see the class doc)
-            self.a, self.b = lam * self.a, lam * self.b
-            self._decay_positions()
+            self._scale_counts(lam)
             return
         tested = min(n + 1, k)
         if beta is None:
@@ -255,6 +254,10 @@ class AcceptanceTracker:
         so what comes next moves them faster (a new text starts; trees' per-rank counts are kept)."""
         if not 0.0 < factor <= 1.0:
             raise ValueError(f"discount factor must be in (0, 1], got {factor}")
+        self._scale_counts(factor)
+
+    def _scale_counts(self, factor: float) -> None:
+        """Overall and per-position (pooled and per-context) counts times `factor`."""
         self.a, self.b = factor * self.a, factor * self.b
         self._decay_positions(factor)
 
@@ -687,7 +690,6 @@ class AdaptivePolicy(_BasePolicy):
                 k, s = k1, sp[k1]
         if k > 0:
             self._probe_gap = self.probe_every  # speculating again: probe promptly if it stops paying
-
         self._probing = k == 0 and self._plain_run + 1 >= self._probe_gap
         if self._probing:
             self._probe_gap = min(2 * self._probe_gap, 4 * self.probe_every)

@@ -59,7 +59,8 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
         for temp in temperatures:
             sampling = {"do_sample": temp > 0, **({"temperature": temp} if temp > 0 else {})}
             plain = specdec.wrap(target, drafter=None, draft_length=0)
-            fixed = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, return_dict_in_generate=True)
+            length = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+            fixed = dict(length, return_dict_in_generate=True)
             # probe runs at a few k, alternating with plain decoding prompt by prompt (so both see the same
             # machine): acceptance by position (from the longest) and the engine's own time per step measured
             # in place (drafting, verification, bookkeeping, with the caches as they are when draft and target
@@ -106,12 +107,12 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
                     order = list(specs)[i % max_k:] + list(specs)[:i % max_k]
                     torch.manual_seed(0)
                     t0 = time.perf_counter()
-                    plain.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                    plain.generate(p, **length, **sampling)
                     plain_total += time.perf_counter() - t0
                     for k in order:
                         torch.manual_seed(0)
                         t0 = time.perf_counter()
-                        specs[k].generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **sampling)
+                        specs[k].generate(p, **length, **sampling)
                         spec_total[k] += time.perf_counter() - t0
                 measured = {k: plain_total / t for k, t in spec_total.items()}
                 rec["measured_speedup"] = measured
