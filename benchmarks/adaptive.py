@@ -1,11 +1,14 @@
 """Adaptive draft length vs every fixed k vs HF's heuristic, side by side, on prompt sets of different
-predictability; and with a useless (random-weight) drafter, adaptive vs target-only decoding.
+predictability; and with a useless (random-weight) drafter, adaptive vs target-only decoding. HF's
+heuristic runs in both of its schedules: "heuristic" (its budget carries over from call to call, as HF
+keeps it) and "heuristic_transient" (restarts at 4 on every call).
 
     python benchmarks/adaptive.py
 
 Prompt sets (all from held-out zoo modules): "copy" (a function shown twice, then its third copy begins:
 the continuation is highly predictable), "code" (held-out function openings), "prose" (docstring and
-comment text, which a code model predicts worse). Greedy, 128 new tokens. Modes alternate per prompt.
+comment text, which a code model predicts worse). Greedy, 128 new tokens. Every prompt runs every mode,
+the order rotating from prompt to prompt; ratios come with a 90 % bootstrap interval over the paired runs.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 
 import specdec
+from specdec.policy import make_policy
 from specdec.zoo import corpus
 
 
@@ -41,6 +45,14 @@ def prompt_sets(tok, n):
     return {"copy": copy, "code": code, "prose": prose}
 
 
+def _bootstrap_ratio(num, den, rng, draws=2000):
+    """90 % bootstrap interval of mean(num) / mean(den) over paired units (prompt x repeat)."""
+    idx = torch.randint(len(num), (draws, len(num)), generator=rng)
+    n, d = torch.tensor(num)[idx].mean(1), torch.tensor(den)[idx].mean(1)
+    r = (n / d).sort().values
+    return float(r[int(0.05 * draws)]), float(r[int(0.95 * draws) - 1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="draft-wide")
@@ -61,72 +73,89 @@ def main():
     draft = as_run(specdec.zoo.load(a.draft)[0])
     N = a.new_tokens
     ks = [int(k) for k in a.ks.split(",")]
-    modes = {f"k={k}": k for k in ks}
-    modes.update({"heuristic": "heuristic", "adaptive": "adaptive"})
+    modes = [f"k={k}" for k in ks] + ["heuristic", "heuristic_transient", "adaptive"]
     sets = {k: v for k, v in prompt_sets(tok, a.prompts).items() if k in a.sets.split(",")}
+    rng = torch.Generator().manual_seed(0)
     results = {}
 
-    def spec(drafter, mode, ids):
-        out = specdec.generate(target, ids, drafter=drafter, draft_length=mode, max_new_tokens=N, min_new_tokens=N,
-                               return_dict_in_generate=True)
-        return out.stats
+    def run(drafter, policy, ids):
+        out = specdec.generate(target, ids, drafter=drafter, draft_length=policy, max_new_tokens=N,
+                               min_new_tokens=N, return_dict_in_generate=True)
+        return out.stats.tokens_per_s
 
-    def served(model, ids):  # a wrapped model: the policy's estimates carry over from one prompt to the next
-        return model.generate(ids, max_new_tokens=N, min_new_tokens=N, return_dict_in_generate=True).stats
-
-    spec(draft, 4, tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids)  # warm-up
+    run(draft, 4, tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids)  # warm-up
     for name, texts in sets.items():
+        # stateful policies, one per prompt set, as when serving: adaptive's estimates and HF's "heuristic"
+        # budget (HF keeps num_assistant_tokens across generate calls) carry over from prompt to prompt;
+        # "heuristic_transient" (HF's other schedule) restarts at 4 on every call, fixed k are stateless
+        keep = {"adaptive": make_policy("adaptive"), "heuristic": make_policy("heuristic")}
         tps = {m: [] for m in modes}
-        adaptive = specdec.wrap(target, drafter=draft)  # fresh per prompt set, warm within it
         for rep in range(a.repeats):
-            for text in texts:
+            for i, text in enumerate(texts):
                 ids = tok(text, return_tensors="pt").input_ids
-                order = list(modes.items())
-                if rep % 2:
-                    order.reverse()  # alternate the order too: no mode always runs first
-                for m, mode in order:
-                    if mode == "adaptive":
-                        s = served(adaptive, ids)
-                    else:  # k = 0 is plain decoding: no drafter at all
-                        s = spec(draft if mode != 0 else None, mode, ids)
-                    tps[m].append(s.tokens_per_s)
-        med = {m: statistics.mean(v) for m, v in tps.items()}
-        best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: med[m])
-        results[name] = {"tokens_per_s": med, "best_fixed": best_fixed,
-                         "adaptive_vs_best_fixed": med["adaptive"] / med[best_fixed],
-                         "adaptive_vs_heuristic": med["adaptive"] / med["heuristic"]}
-        print(name, json.dumps(results[name]), file=sys.stderr)
+                shift = (rep * len(texts) + i) % len(modes)
+                for m in modes[shift:] + modes[:shift]:  # rotate: no mode always runs first or after another
+                    if m in keep:
+                        policy = keep[m]
+                    elif m == "heuristic_transient":
+                        policy = make_policy("heuristic")
+                    else:
+                        policy = int(m[2:])
+                    tps[m].append(run(draft if policy != 0 else None, policy, ids))
+        mean = {m: statistics.mean(v) for m, v in tps.items()}
+        best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: mean[m])
+        r = {"tokens_per_s": mean, "best_fixed": best_fixed}
+        for other in (best_fixed, "heuristic", "heuristic_transient"):
+            key = "best_fixed" if other == best_fixed else other
+            r[f"adaptive_vs_{key}"] = mean["adaptive"] / mean[other]
+            r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(tps["adaptive"], tps[other], rng)
+        results[name] = r
+        print(name, json.dumps(r), file=sys.stderr)
     if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.manual_seed(0)
         junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
-        plain, adapt = [], []
-        useless = specdec.wrap(target, drafter=junk)
-        for _ in range(a.repeats):
+        plain, adapt, heur = [], [], []
+        useless = make_policy("adaptive")
+        for rep in range(a.repeats):
             for text in specdec.zoo.prompts(a.prompts):
                 ids = tok(text, return_tensors="pt").input_ids
-                plain.append(spec(None, 0, ids).tokens_per_s)
-                adapt.append(served(useless, ids).tokens_per_s)
+                pair = [(plain, None, 0), (adapt, junk, useless), (heur, junk, make_policy("heuristic"))]
+                for out, drafter, policy in (pair if rep % 2 == 0 else pair[::-1]):
+                    out.append(run(drafter, policy, ids))
         results["useless_drafter"] = {"target_only_tokens_per_s": statistics.mean(plain),
                                       "adaptive_tokens_per_s": statistics.mean(adapt),
-                                      "ratio": statistics.mean(adapt) / statistics.mean(plain)}
+                                      "heuristic_transient_tokens_per_s": statistics.mean(heur),
+                                      "ratio": statistics.mean(adapt) / statistics.mean(plain),
+                                      "ratio_ci90": _bootstrap_ratio(adapt, plain, rng)}
     Path(a.out + ".json").write_text(json.dumps(results, indent=2))
-    lines = ["| prompt set | " + " | ".join(modes) + " | best fixed | adaptive / best fixed | adaptive / heuristic |",
-             "|---|" + "---|" * (len(modes) + 3)]
+
+    def ratio(r, key):
+        lo, hi = r[key + "_ci90"]
+        return f"{r[key]:.3f} [{lo:.2f}, {hi:.2f}]"
+
+    lines = ["| prompt set | " + " | ".join(modes) + " | best fixed | adaptive / best fixed | adaptive / heuristic "
+             "| adaptive / heuristic_transient |", "|---|" + "---|" * (len(modes) + 4)]
     for name in sets:
         r = results[name]
         lines.append(f"| {name} | " + " | ".join(f"{r['tokens_per_s'][m]:.1f}" for m in modes) +
-                     f" | {r['best_fixed']} | {r['adaptive_vs_best_fixed']:.3f} | {r['adaptive_vs_heuristic']:.3f} |")
+                     f" | {r['best_fixed']} | {ratio(r, 'adaptive_vs_best_fixed')} | {ratio(r, 'adaptive_vs_heuristic')} "
+                     f"| {ratio(r, 'adaptive_vs_heuristic_transient')} |")
     u = results.get("useless_drafter")
     if u:
         lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
-                  f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {u['ratio']:.3f})."]
+                  f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {ratio(u, 'ratio')}); HF's heuristic "
+                  f"(transient) {u['heuristic_transient_tokens_per_s']:.1f}."]
     cmd = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
-    Path(a.out + ".md").write_text(f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s (mean over {a.prompts} prompts x "
-                                   f"{a.repeats} repeats per set, {N} new tokens, greedy, drafter {a.draft} ({a.draft_dtype}); adaptive "
-                                   "is one wrapped model per prompt set, so its estimates carry over from prompt to "
-                                   "prompt as when serving; fixed k and heuristic are stateless).\n\n" + "\n".join(lines) + "\n")
+    Path(a.out + ".md").write_text(
+        f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s (mean over {a.prompts} prompts x {a.repeats} repeats per set, "
+        f"{N} new tokens, greedy, drafter {a.draft} ({a.draft_dtype})). Every prompt runs every mode in turn, the "
+        "order rotating from prompt to prompt; ratios are of mean tokens/s with a 90 % bootstrap interval over the "
+        "paired (prompt, repeat) runs. adaptive and heuristic are one policy per prompt set whose state carries "
+        "over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across generate calls); "
+        "heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k are stateless."
+        "\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -24,6 +24,7 @@ The engine's loop, per step:
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
@@ -609,18 +610,24 @@ class AdaptivePolicy(_BasePolicy):
 
     Fallback: when every k >= 1 is expected to be slower than plain decoding by more than a margin
     (`fallback_below` = 0.95: speculation clearly loses; with flat verification about when alpha <= c),
-    decode plainly and, after `probe_every` plain steps in a row, draft `probe_length` tokens once so
-    alpha is measured again; speculation resumes by itself when the estimate says it pays. Each probe
-    that does not bring speculation back doubles the gap to the next (up to 4 x probe_every): a useless
-    drafter costs about one draft token per 64 steps. The margin is there because acceptance comes in
+    decode plainly and now and then draft `probe_length` tokens once (a *probe*) so alpha is measured
+    again; speculation resumes by itself when the estimate says it pays. The probes are spaced by an
+    exploration budget: a probe that fails costs its extra time over a plain step (drafting, the draft
+    model catching up on the tokens decoded plainly since it last ran, a wider target forward), measured
+    on every probe; the gap between probes is that cost / (`probe_budget` x T_target_1), so a drafter that
+    never pays costs about `probe_budget` (2 %) of plain decoding, whatever the hardware and the drafter,
+    and a cheap probe (an n-gram lookup) is made often. The margin is there because acceptance comes in
     bursts: near break-even, speculating keeps measuring alpha every step and catches the next easy
-    stretch at once, while plain decoding sees it only at the next sparse probe (on the zoo's prose
-    prompts, falling back at break-even cost 15 % against a fixed k).
+    stretch at once, while plain decoding sees it only at the next probe (on the zoo's prose prompts,
+    falling back at break-even cost 15 % against a fixed k). Fixed gaps that doubled after each failed
+    probe were tried first: on traces of the zoo draft's acceptance they left a generation plain for
+    up to 48 steps while its text had turned easy (the gap had doubled during the hard start).
 
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
     (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
     drafting time of a tree step (one forward per depth, so about the same for every B). The first
-    `warmup` tree steps, and every `probe_every`-th after, draft the whole spec so every rank stays measured.
+    `warmup` tree steps, and every `tree_probe_every`-th after, draft the whole spec so every rank stays
+    measured.
     """
 
     _BINS = 10
@@ -630,8 +637,9 @@ class AdaptivePolicy(_BasePolicy):
         max_length: int = 8,
         tracker: AcceptanceTracker | None = None,
         costs: CostModel | None = None,
-        probe_every: int = 16,
+        probe_budget: float = 0.02,
         probe_length: int = 1,
+        tree_probe_every: int = 16,
         early_stop: bool = True,
         calibration_prior: float = 4.0,
         fallback_below: float = 0.95,
@@ -639,14 +647,17 @@ class AdaptivePolicy(_BasePolicy):
     ):
         if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 1:
             raise ValueError(f"max_draft_length must be an int >= 1, got {max_length!r}")
-        if probe_every < 1:
-            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
+        if not 0.0 < probe_budget < 1.0:
+            raise ValueError(f"probe_budget must be in (0, 1), got {probe_budget}")
+        if tree_probe_every < 1:
+            raise ValueError(f"tree_probe_every must be >= 1, got {tree_probe_every}")
         if probe_length < 1:
             raise ValueError(f"probe_length must be >= 1, got {probe_length}")
         if tracker is None:
             tracker = AcceptanceTracker(max_positions=max(16, int(max_length)))
         super().__init__(int(max_length), tracker, costs)
-        self.probe_every = int(probe_every)
+        self.probe_budget = float(probe_budget)
+        self.tree_probe_every = int(tree_probe_every)
         self.probe_length = min(int(probe_length), self.max_length)
         self.early_stop = bool(early_stop)
         self.calibration_prior = float(calibration_prior)
@@ -657,7 +668,7 @@ class AdaptivePolicy(_BasePolicy):
             raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
         self.sequence_discount = float(sequence_discount)
         self._plain_run = 0  # plain steps in a row since the last drafting step
-        self._probe_gap = self.probe_every  # plain steps before the next probe (doubles while probes fail)
+        self._probe_cost: float | None = None  # EMA of a probe step's seconds beyond a plain step
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
         self._rates: list[float] = []  # per-position rates used by the last plan
         self._p_cum = 1.0  # prod cal(q_j) over this step's drafted tokens
@@ -688,20 +699,28 @@ class AdaptivePolicy(_BasePolicy):
             k1 = max(range(1, len(sp)), key=sp.__getitem__)
             if sp[k1] >= self.fallback_below * sp[0]:
                 k, s = k1, sp[k1]
-        if k > 0:
-            self._probe_gap = self.probe_every  # speculating again: probe promptly if it stops paying
-        self._probing = k == 0 and self._plain_run + 1 >= self._probe_gap
+        self._probing = k == 0 and self._plain_run + 1 >= self.probe_gap()
         if self._probing:
-            self._probe_gap = min(2 * self._probe_gap, 4 * self.probe_every)
             k = self.probe_length
         self._plan_k, self._plan_s = k, s
         self._p_cum, self._step_q = 1.0, []
         return k
 
+    def probe_gap(self) -> int:
+        """Plain steps from one probe to the next while in fallback: a probe's measured extra seconds over
+        a plain step / (probe_budget x T_target_1), at least 1 (see the class doc). Before a probe is
+        measured its cost is estimated from the cost model."""
+        c = self.costs
+        extra = self._probe_cost
+        if extra is None:
+            n = self.probe_length
+            extra = n * c.t_draft + c.t_verify(n + 1) - c.t_target_1
+        return max(1, math.ceil(extra / (self.probe_budget * c.t_target_1)))
+
     def tree_budget(self, max_nodes: int) -> int:
         """Nodes to verify in the next tree step (0: a plain step), at most max_nodes (see class doc)."""
         self._tree_plan += 1
-        if self.tracker.tree_steps < self.tree_warmup or self._tree_plan % self.probe_every == 0:
+        if self.tracker.tree_steps < self.tree_warmup or self._tree_plan % self.tree_probe_every == 0:
             return max_nodes
         c = self.costs
         t_draft = self._tree_draft_s if self._tree_draft_s is not None else c.t_draft
@@ -722,13 +741,12 @@ class AdaptivePolicy(_BasePolicy):
 
     def begin_sequence(self) -> None:
         """A new generation: its text may be easier than the last one's, so a policy that fell back to
-        plain decoding probes on its first step (otherwise a hard prompt's doubled probe gap kept the
-        next, easy prompt plain for up to 64 steps). The gap itself is kept: a useless drafter still
-        costs about two 1-token probes per 128-token generation. The acceptance evidence keeps its
-        means but is discounted by `sequence_discount` (0.25): the last text's rates are the new one's
-        starting point, and its first steps move them four times faster."""
+        plain decoding probes on its first step (the exploration budget then costs a useless drafter one
+        more probe per generation). The acceptance evidence keeps its means but is discounted by
+        `sequence_discount` (0.25): the last text's rates are the new one's starting point, and its first
+        steps move them four times faster."""
         if self._plain_run > 0:
-            self._plain_run = self._probe_gap - 1
+            self._plain_run = self.probe_gap() - 1
         self.tracker.discount(self.sequence_discount)
 
     # ---- inside a step
@@ -758,6 +776,9 @@ class AdaptivePolicy(_BasePolicy):
     # ---- after a step
 
     def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
+        if self._probing and k > 0:  # what a probe costs beyond the plain step it replaced
+            extra = max(0.0, draft_s + verify_s - self.costs.t_target_1)
+            self._probe_cost = self.costs._ema(self._probe_cost, extra)
         super().observe(k, n, draft_s, verify_s, beta)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
         if k > 0 and self._step_q:

@@ -1,4 +1,6 @@
 """Greedy speculation is lossless: output == the target's own greedy generate(), token for token."""
+import zlib
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def test_greedy_equals_target_for_every_drafter_and_length(arch):
     random_draft = build(arch, seed=1, layers=1)
     lengths = range(1, 9) if arch == "llama" else (1, 3, 8)
     stats = {}
-    for ids in prompts(3, seed=hash(arch) % 1000):
+    for ids in prompts(3, seed=zlib.crc32(arch.encode()) % 1000):  # hash(str) changes per process
         ref = hf_greedy(target, ids, NEW, eos_token_id=None)
         for name, drafter in [("self", target), ("random", random_draft), ("ngram", "ngram")]:
             for k in lengths:
