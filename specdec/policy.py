@@ -612,12 +612,14 @@ class AdaptivePolicy(_BasePolicy):
     (`fallback_below` = 0.95: speculation clearly loses; with flat verification about when alpha <= c),
     decode plainly and now and then draft `probe_length` tokens once (a *probe*) so alpha is measured
     again; speculation resumes by itself when the estimate says it pays. The probes are spaced by an
-    exploration budget: a probe that fails costs its extra time over a plain step (drafting, the draft
-    model catching up on the tokens decoded plainly since it last ran, a wider target forward), measured
-    on every probe; the gap between probes is that cost / (`probe_budget` x T_target_1), so a drafter that
-    never pays costs about `probe_budget` (2 %) of plain decoding, whatever the hardware and the drafter,
-    and a cheap probe (an n-gram lookup) is made often. The margin is there because acceptance comes in
-    bursts: near break-even, speculating keeps measuring alpha every step and catches the next easy
+    exploration budget: a probe that fails costs its draft tokens and a wider target forward, L T_d +
+    T_v(L + 1) - T_target_1 (L = probe_length) from the cost model, and the gap between probes is that
+    / (`probe_budget` x T_target_1), at most `max_probe_gap` steps: a drafter that never pays costs about
+    `probe_budget` (2 %) of plain decoding, and a cheap probe (an n-gram lookup) is made often. The model
+    drafter's catch-up over the tokens decoded plainly since it last ran is left out of that price on
+    purpose: it grows with the gap, so pricing it in made each gap set a longer next one (a traced
+    float32 draft ran 34 plain steps between probes on text HF's heuristic sped up). The margin is there
+    because acceptance comes in bursts: near break-even, speculating keeps measuring alpha every step and catches the next easy
     stretch at once, while plain decoding sees it only at the next probe (on the zoo's prose prompts,
     falling back at break-even cost 15 % against a fixed k). Fixed gaps that doubled after each failed
     probe were tried first: on traces of the zoo draft's acceptance they left a generation plain for
@@ -639,6 +641,7 @@ class AdaptivePolicy(_BasePolicy):
         costs: CostModel | None = None,
         probe_budget: float = 0.02,
         probe_length: int = 1,
+        max_probe_gap: int = 32,
         tree_probe_every: int = 16,
         early_stop: bool = True,
         calibration_prior: float = 4.0,
@@ -657,6 +660,9 @@ class AdaptivePolicy(_BasePolicy):
             tracker = AcceptanceTracker(max_positions=max(16, int(max_length)))
         super().__init__(int(max_length), tracker, costs)
         self.probe_budget = float(probe_budget)
+        if max_probe_gap < 1:
+            raise ValueError(f"max_probe_gap must be >= 1, got {max_probe_gap}")
+        self.max_probe_gap = int(max_probe_gap)
         self.tree_probe_every = int(tree_probe_every)
         self.probe_length = min(int(probe_length), self.max_length)
         self.early_stop = bool(early_stop)
@@ -668,7 +674,6 @@ class AdaptivePolicy(_BasePolicy):
             raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
         self.sequence_discount = float(sequence_discount)
         self._plain_run = 0  # plain steps in a row since the last drafting step
-        self._probe_cost: float | None = None  # EMA of a probe step's seconds beyond a plain step
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
         self._rates: list[float] = []  # per-position rates used by the last plan
         self._p_cum = 1.0  # prod cal(q_j) over this step's drafted tokens
@@ -707,15 +712,11 @@ class AdaptivePolicy(_BasePolicy):
         return k
 
     def probe_gap(self) -> int:
-        """Plain steps from one probe to the next while in fallback: a probe's measured extra seconds over
-        a plain step / (probe_budget x T_target_1), at least 1 (see the class doc). Before a probe is
-        measured its cost is estimated from the cost model."""
-        c = self.costs
-        extra = self._probe_cost
-        if extra is None:
-            n = self.probe_length
-            extra = n * c.t_draft + c.t_verify(n + 1) - c.t_target_1
-        return max(1, math.ceil(extra / (self.probe_budget * c.t_target_1)))
+        """Plain steps from one probe to the next while in fallback: a probe's price over a plain step,
+        L T_d + T_v(L + 1) - T_target_1, / (probe_budget x T_target_1), within [1, max_probe_gap]."""
+        c, n = self.costs, self.probe_length
+        extra = max(0.0, n * c.t_draft + c.t_verify(n + 1) - c.t_target_1)
+        return min(self.max_probe_gap, max(1, math.ceil(extra / (self.probe_budget * c.t_target_1))))
 
     def tree_budget(self, max_nodes: int) -> int:
         """Nodes to verify in the next tree step (0: a plain step), at most max_nodes (see class doc)."""
@@ -776,9 +777,6 @@ class AdaptivePolicy(_BasePolicy):
     # ---- after a step
 
     def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
-        if self._probing and k > 0:  # what a probe costs beyond the plain step it replaced
-            extra = max(0.0, draft_s + verify_s - self.costs.t_target_1)
-            self._probe_cost = self.costs._ema(self._probe_cost, extra)
         super().observe(k, n, draft_s, verify_s, beta)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
         if k > 0 and self._step_q:

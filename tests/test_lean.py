@@ -35,6 +35,30 @@ def test_lean_forward_matches_the_hf_modules_past_the_sliding_window(arch):
     assert isinstance(LeanRunner.for_model(model, pool, BlockTable(pool)), LeanRunner)
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch):
+    """A tree grown one depth per forward (forward_tree with earlier nodes in the block), past mistral's
+    sliding window: the lean loop's logits equal the HF modules' exactly, and the pages hold the same KV."""
+    model = build(arch, seed=1)
+    tokens = torch.randint(3, VOCAB, (17,), generator=torch.Generator().manual_seed(4))
+    # depth 1: nodes a, b (siblings); depth 2: c under a, d under b, e under a
+    pos = torch.tensor([12, 12, 13, 13, 13])
+    masks = [torch.tensor([[1, 0], [0, 1]], dtype=torch.bool),
+             torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 0, 0, 0, 1]], dtype=torch.bool)]
+    outs, pages = [], []
+    for cls in (ModelRunner, LeanRunner):
+        pool = PagePool(8, 4)
+        runner = cls(model, pool, BlockTable(pool))
+        with specdec_attention(model):
+            rows = [runner.forward(tokens[:12], logits_rows=None)]
+            rows.append(runner.forward_tree(tokens[12:14], pos[:2], masks[0]))
+            rows.append(runner.forward_tree(tokens[14:17], pos, masks[1]))
+        outs.append(torch.cat(rows))
+        pages.append(torch.cat([torch.cat(runner.kv.gather(i, runner.table.slots(0, 17))) for i in range(runner.num_layers)]))
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(pages[0], pages[1])
+
+
 @pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3", "gpt2"])
 def test_unsupported_architectures_keep_the_hf_path_and_the_output(arch):
     pool = PagePool(4, 8)
@@ -73,7 +97,7 @@ def test_model_drafter_drafts_through_the_lean_loop_and_keeps_greedy_output(monk
     for kw in (dict(draft_length=4), dict(draft_length="adaptive"), dict(draft_length=6, do_sample=False)):
         assert torch.equal(specdec.generate(target, ids, drafter=ModelDrafter(draft), max_new_tokens=30,
                                             eos_token_id=None, **kw), ref)
-    assert calls and all(calls)
+    assert calls.count(True) > 10  # drafting steps and catch-ups ran lean (tree blocks may too: the probe's)
     off = ModelDrafter(draft, lean=False)
     calls.clear()
     runners = []

@@ -346,7 +346,7 @@ def test_adaptive_falls_back_and_recovers():
     assert np.median(good[50:]) >= 4
 
 
-@pytest.mark.parametrize("probe_cost", [0.2, 1.0])
+@pytest.mark.parametrize("probe_cost", [0.2, 0.6])  # gaps 10-30: under max_probe_gap
 def test_failed_probes_cost_about_the_probe_budget_of_plain_decoding(probe_cost):
     """A drafter that never pays: the time spent beyond plain decoding stays near probe_budget, for a cheap
     probe (made often) and for a dear one (made rarely); a policy with twice the budget probes twice as often."""
@@ -364,13 +364,17 @@ def test_failed_probes_cost_about_the_probe_budget_of_plain_decoding(probe_cost)
         assert probes == pytest.approx(3000 * budget / probe_cost, rel=0.5)
 
 
-def test_a_probe_gap_follows_the_measured_probe_cost_not_the_estimate():
+def test_the_probe_gap_prices_a_probe_by_the_cost_model_and_is_capped():
     policy = AdaptivePolicy(max_length=8, probe_budget=0.05)
     for _ in range(50):
         policy.observe(0, 0, 0.0, 0.01)  # plain steps: T_target_1 = 10 ms
-    policy._probing = True
-    policy.observe(1, 0, draft_s=0.004, verify_s=0.011)  # this probe cost 5 ms more than a plain step
-    assert policy.probe_gap() == 10  # 5 ms / (0.05 x 10 ms)
+    for _ in range(20):
+        policy.observe(1, 0, draft_s=0.002, verify_s=0.013)  # T_d 2 ms, T_v(2) 13 ms
+    policy._probing = True  # a probe whose draft also caught up on 30 plain tokens: not part of the price
+    policy.observe(1, 0, draft_s=0.030, verify_s=0.013)
+    assert policy.costs.t_draft < 0.01
+    assert policy.probe_gap() == math.ceil((policy.costs.t_draft + 0.013 - 0.010) / (0.05 * 0.010))
+    assert AdaptivePolicy(max_length=8, probe_budget=0.001, max_probe_gap=20).probe_gap() == 20
 
 
 def test_a_new_sequence_probes_at_once_after_a_fallback():

@@ -3,10 +3,11 @@
 A one-layer draft's token costs about 0.3 ms of arithmetic and, through transformers' modules, about
 0.5 ms more of Python (module calls, output dataclasses, rotary recomputation, cache bookkeeping), paid
 k times per speculation step; the zoo target pays about 2 ms of it per forward (20 %). `LeanRunner`
-runs plain forwards (prefill, chain verification, chain drafting, and verification entering at layer E
-with hidden states after an early-exit draft; no tree block, no Triton kernel) as a straight-line loop over the model's own weight tensors (referenced, not copied), with RoPE from
-a cached cos/sin table and attention by SDPA over the gathered pages. Everything else (tree blocks,
-the kernel path) goes through the HF modules as usual, on the same pages, same layout.
+runs its forwards (prefill, chain verification and drafting, tree blocks, and verification entering at
+layer E with hidden states after an early-exit draft) as a straight-line loop over the model's own
+weight tensors (referenced, not copied), with RoPE from a cached cos/sin table and attention by SDPA over
+the gathered pages, masked by the same StepMeta mask the HF path gets. The Triton kernel path goes
+through the HF modules as usual, on the same pages, same layout.
 
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
 the HF path's. `LeanRunner.for_model` checks that on a probe sequence, once per model, dtype and device,
@@ -127,18 +128,19 @@ class LeanRunner(ModelRunner):
 
     def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows, hidden=None,
              start_layer: int = 0) -> torch.Tensor:
-        if block_pos is not None or self.kernel:
+        if self.kernel:
             return super()._run(tokens, start, positions, block_pos, tree_mask, logits_rows, hidden, start_layer)
-        n = tokens.numel()
+        n, b = tokens.numel(), tree_mask.shape[1]  # b = m + n: a tree block's m earlier nodes, then these n
         first = start_layer if hidden is not None else 0
-        end = start + n
+        end = start + b
         self.table.reserve(end)
-        write, read = self.table.slots(start, end), self.table.slots(0, end)
+        write, read = self.table.slots(end - n, end), self.table.slots(0, end)
         x = self.embed(tokens) if hidden is None else hidden  # [n, H]
         cos, sin = self._rope(positions, x.dtype)
         cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
-        meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions)
+        meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions,
+                        block_pos=block_pos)
         for i, L in enumerate(self.layers[first:], start=first):
             h = _rms(L.ln1, x)
             q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
@@ -158,7 +160,8 @@ class LeanRunner(ModelRunner):
 
 @torch.no_grad()
 def _probe(model) -> str:
-    """'exact', 'close' or 'no': both paths over a probe (a 9-token prefill, then 3 single tokens)."""
+    """'exact', 'close' or 'no': both paths over a probe (a 9-token prefill, a 3-node tree block with a
+    branch, then 3 single tokens)."""
     from .attention import specdec_attention
 
     device = next(model.parameters()).device
@@ -171,6 +174,8 @@ def _probe(model) -> str:
         runner = cls(model, pool, table)
         with specdec_attention(model):
             rows = [runner.forward(probe[:9], logits_rows=None)]
+            branch = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=device)
+            rows.append(runner.forward_tree(probe[9:12], torch.tensor([9, 10, 10], device=device), branch))
             rows += [runner.forward(probe[i:i + 1], logits_rows=1) for i in range(9, 12)]
         table.release()
         outs.append(torch.cat(rows))
