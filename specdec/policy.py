@@ -612,15 +612,18 @@ class AdaptivePolicy(_BasePolicy):
     (`fallback_below` = 0.95: speculation clearly loses; with flat verification about when alpha <= c),
     decode plainly and now and then draft `probe_length` tokens once (a *probe*) so alpha is measured
     again; speculation resumes by itself when the estimate says it pays. The probes are spaced by an
-    exploration budget: a probe that fails costs its draft tokens and a wider target forward, L T_d +
-    T_v(L + 1) - T_target_1 (L = probe_length) from the cost model, and the gap between probes is that
-    / (`probe_budget` x T_target_1), at most `max_probe_gap` steps: a drafter that never pays costs about
-    `probe_budget` (2 %) of plain decoding, and a cheap probe (an n-gram lookup) is made often. The model
-    drafter's catch-up over the tokens decoded plainly since it last ran is left out of that price on
-    purpose: it grows with the gap, so pricing it in made each gap set a longer next one (a traced
-    float32 draft ran 34 plain steps between probes on text HF's heuristic sped up). The margin is there
-    because acceptance comes in bursts: near break-even, speculating keeps measuring alpha every step and catches the next easy
-    stretch at once, while plain decoding sees it only at the next probe (on the zoo's prose prompts,
+    exploration budget: a failed probe after G plain steps costs a + b G over a plain step, a = L T_d +
+    T_v(L + 1) - T_target_1 (L = probe_length; from the cost model) and b G the model drafter catching up
+    on the G tokens decoded while it idled (b measured on every probe), so probing every G steps costs
+    a / (G T_1) + b / T_1 of plain decoding. The gap is the shortest G that keeps this within
+    `probe_budget` (2 %), G = a / (probe_budget T_1 - b), at most `max_probe_gap` (64; also when b alone
+    exceeds the budget): a drafter that never pays costs about `probe_budget`, and a cheap probe (an
+    n-gram lookup: no catch-up) is made often. Pricing a probe by its measured time with the catch-up
+    lumped in was tried: the price then grows with the gap, each gap set a longer next one, and a traced
+    float32 draft ran 34+ plain steps between probes on text HF's heuristic sped up. The margin is there
+    because acceptance comes in bursts: near break-even, speculating keeps measuring alpha every step and
+    catches the next easy stretch at once, while plain decoding sees it only at the next probe (on the
+    zoo's prose prompts,
     falling back at break-even cost 15 % against a fixed k). Fixed gaps that doubled after each failed
     probe were tried first: on traces of the zoo draft's acceptance they left a generation plain for
     up to 48 steps while its text had turned easy (the gap had doubled during the hard start).
@@ -641,7 +644,7 @@ class AdaptivePolicy(_BasePolicy):
         costs: CostModel | None = None,
         probe_budget: float = 0.02,
         probe_length: int = 1,
-        max_probe_gap: int = 32,
+        max_probe_gap: int = 64,
         tree_probe_every: int = 16,
         early_stop: bool = True,
         calibration_prior: float = 4.0,
@@ -674,6 +677,8 @@ class AdaptivePolicy(_BasePolicy):
             raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
         self.sequence_discount = float(sequence_discount)
         self._plain_run = 0  # plain steps in a row since the last drafting step
+        self._idle = 0  # plain steps since the drafter last ran (its catch-up at the next probe)
+        self._catchup_s: float | None = None  # EMA of the drafter's catch-up seconds per idle step (b)
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
         self._rates: list[float] = []  # per-position rates used by the last plan
         self._p_cum = 1.0  # prod cal(q_j) over this step's drafted tokens
@@ -712,11 +717,14 @@ class AdaptivePolicy(_BasePolicy):
         return k
 
     def probe_gap(self) -> int:
-        """Plain steps from one probe to the next while in fallback: a probe's price over a plain step,
-        L T_d + T_v(L + 1) - T_target_1, / (probe_budget x T_target_1), within [1, max_probe_gap]."""
+        """Plain steps from one probe to the next while in fallback: the shortest G with
+        (a + b G) / (G T_1) <= probe_budget, within [1, max_probe_gap] (see the class doc)."""
         c, n = self.costs, self.probe_length
-        extra = max(0.0, n * c.t_draft + c.t_verify(n + 1) - c.t_target_1)
-        return min(self.max_probe_gap, max(1, math.ceil(extra / (self.probe_budget * c.t_target_1))))
+        a = max(0.0, n * c.t_draft + c.t_verify(n + 1) - c.t_target_1)
+        room = self.probe_budget * c.t_target_1 - (self._catchup_s or 0.0)
+        if room <= 0:
+            return self.max_probe_gap
+        return min(self.max_probe_gap, max(1, math.ceil(a / room)))
 
     def tree_budget(self, max_nodes: int) -> int:
         """Nodes to verify in the next tree step (0: a plain step), at most max_nodes (see class doc)."""
@@ -748,6 +756,7 @@ class AdaptivePolicy(_BasePolicy):
         steps move them four times faster."""
         if self._plain_run > 0:
             self._plain_run = self.probe_gap() - 1
+        self._idle = 0  # the drafter has just read the prompt
         self.tracker.discount(self.sequence_discount)
 
     # ---- inside a step
@@ -777,8 +786,13 @@ class AdaptivePolicy(_BasePolicy):
     # ---- after a step
 
     def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
+        if self._probing and k > 0 and self._idle > 0:  # b: what the catch-up added, per idle step
+            c = self.costs
+            a = k * c.t_draft + c.t_verify(k + 1) - c.t_target_1
+            self._catchup_s = c._ema(self._catchup_s, max(0.0, draft_s + verify_s - c.t_target_1 - a) / self._idle)
         super().observe(k, n, draft_s, verify_s, beta)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
+        self._idle = self._idle + 1 if k == 0 else 0
         if k > 0 and self._step_q:
             lam = self.tracker.forgetting
             for j, q in enumerate(self._step_q[: min(n + 1, k)]):

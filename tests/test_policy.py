@@ -364,17 +364,27 @@ def test_failed_probes_cost_about_the_probe_budget_of_plain_decoding(probe_cost)
         assert probes == pytest.approx(3000 * budget / probe_cost, rel=0.5)
 
 
-def test_the_probe_gap_prices_a_probe_by_the_cost_model_and_is_capped():
-    policy = AdaptivePolicy(max_length=8, probe_budget=0.05)
-    for _ in range(50):
-        policy.observe(0, 0, 0.0, 0.01)  # plain steps: T_target_1 = 10 ms
-    for _ in range(20):
-        policy.observe(1, 0, draft_s=0.002, verify_s=0.013)  # T_d 2 ms, T_v(2) 13 ms
-    policy._probing = True  # a probe whose draft also caught up on 30 plain tokens: not part of the price
-    policy.observe(1, 0, draft_s=0.030, verify_s=0.013)
-    assert policy.costs.t_draft < 0.01
-    assert policy.probe_gap() == math.ceil((policy.costs.t_draft + 0.013 - 0.010) / (0.05 * 0.010))
-    assert AdaptivePolicy(max_length=8, probe_budget=0.001, max_probe_gap=20).probe_gap() == 20
+def test_the_probe_gap_prices_the_drafters_catch_up_per_idle_step():
+    """A probe after G plain steps costs a + b G; the gap is the shortest G with (a + b G) / (G T_1) within
+    the budget, and the largest gap once b alone exceeds it."""
+    def policy_after_probe(b):
+        policy = AdaptivePolicy(max_length=8, probe_budget=0.05, max_probe_gap=64)
+        for _ in range(20):
+            policy.observe(1, 0, draft_s=0.002, verify_s=0.013)  # T_d 2 ms, T_v(2) 13 ms: a = 5 ms
+        for _ in range(30):
+            policy.observe(0, 0, 0.0, 0.010)  # 30 idle plain steps, T_target_1 = 10 ms
+        policy._probing = True
+        policy.observe(1, 0, draft_s=0.002 + 30 * b, verify_s=0.013)  # the probe's draft also caught up
+        return policy
+
+    p = policy_after_probe(0.0002)  # b = 0.2 ms per idle step; budget x T_1 = 0.5 ms
+    assert p._catchup_s == pytest.approx(0.0002, rel=0.5)  # b less the stale T_v(2) the line now prices
+    a = p.costs.t_draft + p.costs.t_verify(2) - p.costs.t_target_1
+    G = p.probe_gap()
+    assert G == math.ceil(a / (0.0005 - p._catchup_s))
+    assert (a + p._catchup_s * G) / (G * 0.010) <= 0.05 < (a + p._catchup_s * (G - 1)) / ((G - 1) * 0.010)
+    assert policy_after_probe(0.0).probe_gap() < G  # no catch-up (an n-gram lookup): probes more often
+    assert policy_after_probe(0.001).probe_gap() == 64  # the catch-up alone costs more than the budget
 
 
 def test_a_new_sequence_probes_at_once_after_a_fallback():
