@@ -623,8 +623,7 @@ class AdaptivePolicy(_BasePolicy):
     float32 draft ran 34+ plain steps between probes on text HF's heuristic sped up. The margin is there
     because acceptance comes in bursts: near break-even, speculating keeps measuring alpha every step and
     catches the next easy stretch at once, while plain decoding sees it only at the next probe (on the
-    zoo's prose prompts,
-    falling back at break-even cost 15 % against a fixed k). Fixed gaps that doubled after each failed
+    zoo's prose prompts, falling back at break-even cost 15 % against a fixed k). Fixed gaps that doubled after each failed
     probe were tried first: on traces of the zoo draft's acceptance they left a generation plain for
     up to 48 steps while its text had turned easy (the gap had doubled during the hard start).
 
@@ -676,8 +675,8 @@ class AdaptivePolicy(_BasePolicy):
         if not 0.0 < sequence_discount <= 1.0:
             raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
         self.sequence_discount = float(sequence_discount)
-        self._plain_run = 0  # plain steps in a row since the last drafting step
-        self._idle = 0  # plain steps since the drafter last ran (its catch-up at the next probe)
+        self._plain_run = 0  # plain steps since the drafter last ran (its catch-up at the next probe)
+        self._probe_next = False  # a new sequence began in fallback: probe on its first step
         self._catchup_s: float | None = None  # EMA of the drafter's catch-up seconds per idle step (b)
         self._plan_k, self._plan_s, self._probing = 0, 1.0, False
         self._rates: list[float] = []  # per-position rates used by the last plan
@@ -709,19 +708,24 @@ class AdaptivePolicy(_BasePolicy):
             k1 = max(range(1, len(sp)), key=sp.__getitem__)
             if sp[k1] >= self.fallback_below * sp[0]:
                 k, s = k1, sp[k1]
-        self._probing = k == 0 and self._plain_run + 1 >= self.probe_gap()
+        self._probing = k == 0 and (self._probe_next or self._plain_run + 1 >= self.probe_gap())
+        self._probe_next = False
         if self._probing:
             k = self.probe_length
         self._plan_k, self._plan_s = k, s
         self._p_cum, self._step_q = 1.0, []
         return k
 
+    def _probe_price(self, k: int) -> float:
+        """a: seconds a k-token probe costs beyond a plain step, the drafter's catch-up left out."""
+        c = self.costs
+        return k * c.t_draft + c.t_verify(k + 1) - c.t_target_1
+
     def probe_gap(self) -> int:
         """Plain steps from one probe to the next while in fallback: the shortest G with
         (a + b G) / (G T_1) <= probe_budget, within [1, max_probe_gap] (see the class doc)."""
-        c, n = self.costs, self.probe_length
-        a = max(0.0, n * c.t_draft + c.t_verify(n + 1) - c.t_target_1)
-        room = self.probe_budget * c.t_target_1 - (self._catchup_s or 0.0)
+        a = max(0.0, self._probe_price(self.probe_length))
+        room = self.probe_budget * self.costs.t_target_1 - (self._catchup_s or 0.0)
         if room <= 0:
             return self.max_probe_gap
         return min(self.max_probe_gap, max(1, math.ceil(a / room)))
@@ -754,9 +758,8 @@ class AdaptivePolicy(_BasePolicy):
         more probe per generation). The acceptance evidence keeps its means but is discounted by
         `sequence_discount` (0.25): the last text's rates are the new one's starting point, and its first
         steps move them four times faster."""
-        if self._plain_run > 0:
-            self._plain_run = self.probe_gap() - 1
-        self._idle = 0  # the drafter has just read the prompt
+        self._probe_next = self._plain_run > 0
+        self._plain_run = 0  # the drafter has just read the prompt: nothing to catch up on
         self.tracker.discount(self.sequence_discount)
 
     # ---- inside a step
@@ -786,13 +789,11 @@ class AdaptivePolicy(_BasePolicy):
     # ---- after a step
 
     def observe(self, k: int, n: int, draft_s: float, verify_s: float, beta=None) -> None:
-        if self._probing and k > 0 and self._idle > 0:  # b: what the catch-up added, per idle step
-            c = self.costs
-            a = k * c.t_draft + c.t_verify(k + 1) - c.t_target_1
-            self._catchup_s = c._ema(self._catchup_s, max(0.0, draft_s + verify_s - c.t_target_1 - a) / self._idle)
+        if self._probing and k > 0 and self._plain_run > 0:  # b: what the catch-up added, per idle step
+            extra = draft_s + verify_s - self.costs.t_target_1 - self._probe_price(k)
+            self._catchup_s = self.costs._ema(self._catchup_s, max(0.0, extra) / self._plain_run)
         super().observe(k, n, draft_s, verify_s, beta)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
-        self._idle = self._idle + 1 if k == 0 else 0
         if k > 0 and self._step_q:
             lam = self.tracker.forgetting
             for j, q in enumerate(self._step_q[: min(n + 1, k)]):
