@@ -9,6 +9,13 @@ Prompt sets (all from held-out zoo modules): "copy" (a function shown twice, the
 the continuation is highly predictable), "code" (held-out function openings), "prose" (docstring and
 comment text, which a code model predicts worse). Greedy, 128 new tokens. Every prompt runs every mode,
 the order rotating from prompt to prompt; ratios come with a 90 % bootstrap interval over the paired runs.
+
+Throughput of a prompt set is its tokens over the time its generations took (sum of tokens / sum of each
+generation's wall time): every generation emits the same number of tokens, so this is the harmonic mean
+of the per-generation rates, the rate at which the whole set is served. The arithmetic mean of the
+per-generation rates is reported beside it; it weights each fast generation's rate as much as a slow one's
+although the slow one takes longer, so a policy that loses a little on easy texts and wins a lot on hard
+ones looks worse by it than it is.
 """
 from __future__ import annotations
 
@@ -53,6 +60,11 @@ def _bootstrap_ratio(num, den, rng, draws=2000):
     return float(r[int(0.05 * draws)]), float(r[int(0.95 * draws) - 1])
 
 
+def throughput(seconds, tokens):
+    """Tokens per second of a set of generations: total tokens / total wall time."""
+    return tokens * len(seconds) / sum(seconds)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="draft-wide")
@@ -79,9 +91,10 @@ def main():
     results = {}
 
     def run(drafter, policy, ids):
+        """Wall seconds of one generation of exactly N new tokens (prefill included)."""
         out = specdec.generate(target, ids, drafter=drafter, draft_length=policy, max_new_tokens=N,
                                min_new_tokens=N, return_dict_in_generate=True)
-        return out.stats.tokens_per_s
+        return out.stats.total_s
 
     run(draft, 4, tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids)  # warm-up
     for name, texts in sets.items():
@@ -89,7 +102,7 @@ def main():
         # budget (HF keeps num_assistant_tokens across generate calls) carry over from prompt to prompt;
         # "heuristic_transient" (HF's other schedule) restarts at 4 on every call, fixed k are stateless
         keep = {"adaptive": make_policy("adaptive"), "heuristic": make_policy("heuristic")}
-        tps = {m: [] for m in modes}
+        secs = {m: [] for m in modes}  # [prompt x repeat] wall seconds per generation
         for rep in range(a.repeats):
             for i, text in enumerate(texts):
                 ids = tok(text, return_tensors="pt").input_ids
@@ -101,14 +114,21 @@ def main():
                         policy = make_policy("heuristic")
                     else:
                         policy = int(m[2:])
-                    tps[m].append(run(draft if policy != 0 else None, policy, ids))
-        mean = {m: statistics.mean(v) for m, v in tps.items()}
-        best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: mean[m])
-        r = {"tokens_per_s": mean, "best_fixed": best_fixed}
+                    secs[m].append(run(draft if policy != 0 else None, policy, ids))
+        tput = {m: throughput(v, N) for m, v in secs.items()}
+        per_run_mean = {m: statistics.mean(N / x for x in v) for m, v in secs.items()}
+        best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: tput[m])
+        best_fixed_mean = max((m for m in modes if m.startswith("k=")), key=lambda m: per_run_mean[m])
+        r = {"tokens_per_s": tput, "best_fixed": best_fixed, "seconds": secs,
+             "mean_of_per_run_tokens_per_s": per_run_mean, "best_fixed_by_mean_of_rates": best_fixed_mean}
         for other in (best_fixed, "heuristic", "heuristic_transient"):
             key = "best_fixed" if other == best_fixed else other
-            r[f"adaptive_vs_{key}"] = mean["adaptive"] / mean[other]
-            r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(tps["adaptive"], tps[other], rng)
+            # throughput ratio = time ratio: other's total seconds / adaptive's, resampled over paired runs
+            r[f"adaptive_vs_{key}"] = tput["adaptive"] / tput[other]
+            r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive"], rng)
+        for other in (best_fixed_mean, "heuristic"):
+            key = "best_fixed" if other == best_fixed_mean else other
+            r[f"mean_of_rates_adaptive_vs_{key}"] = per_run_mean["adaptive"] / per_run_mean[other]
         results[name] = r
         print(name, json.dumps(r), file=sys.stderr)
     if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
@@ -124,11 +144,13 @@ def main():
                 pair = [(plain, None, 0), (adapt, junk, useless), (heur, junk, make_policy("heuristic"))]
                 for out, drafter, policy in (pair if rep % 2 == 0 else pair[::-1]):
                     out.append(run(drafter, policy, ids))
-        results["useless_drafter"] = {"target_only_tokens_per_s": statistics.mean(plain),
-                                      "adaptive_tokens_per_s": statistics.mean(adapt),
-                                      "heuristic_transient_tokens_per_s": statistics.mean(heur),
-                                      "ratio": statistics.mean(adapt) / statistics.mean(plain),
-                                      "ratio_ci90": _bootstrap_ratio(adapt, plain, rng)}
+        results["useless_drafter"] = {"target_only_tokens_per_s": throughput(plain, N),
+                                      "adaptive_tokens_per_s": throughput(adapt, N),
+                                      "heuristic_transient_tokens_per_s": throughput(heur, N),
+                                      "ratio": throughput(adapt, N) / throughput(plain, N),
+                                      "ratio_ci90": _bootstrap_ratio(plain, adapt, rng),
+                                      "mean_of_rates_ratio": statistics.mean(N / x for x in adapt) /
+                                      statistics.mean(N / x for x in plain)}
     Path(a.out + ".json").write_text(json.dumps(results, indent=2))
 
     def ratio(r, key):
@@ -136,23 +158,28 @@ def main():
         return f"{r[key]:.3f} [{lo:.2f}, {hi:.2f}]"
 
     lines = ["| prompt set | " + " | ".join(modes) + " | best fixed | adaptive / best fixed | adaptive / heuristic "
-             "| adaptive / heuristic_transient |", "|---|" + "---|" * (len(modes) + 4)]
+             "| adaptive / heuristic_transient | by mean of rates: adaptive / best fixed, / heuristic |",
+             "|---|" + "---|" * (len(modes) + 5)]
     for name in sets:
         r = results[name]
         lines.append(f"| {name} | " + " | ".join(f"{r['tokens_per_s'][m]:.1f}" for m in modes) +
                      f" | {r['best_fixed']} | {ratio(r, 'adaptive_vs_best_fixed')} | {ratio(r, 'adaptive_vs_heuristic')} "
-                     f"| {ratio(r, 'adaptive_vs_heuristic_transient')} |")
+                     f"| {ratio(r, 'adaptive_vs_heuristic_transient')} | {r['mean_of_rates_adaptive_vs_best_fixed']:.3f} "
+                     f"({r['best_fixed_by_mean_of_rates']}), {r['mean_of_rates_adaptive_vs_heuristic']:.3f} |")
     u = results.get("useless_drafter")
     if u:
         lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
-                  f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {ratio(u, 'ratio')}); HF's heuristic "
-                  f"(transient) {u['heuristic_transient_tokens_per_s']:.1f}."]
+                  f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {ratio(u, 'ratio')}; by mean of rates "
+                  f"{u['mean_of_rates_ratio']:.3f}); HF's heuristic (transient) "
+                  f"{u['heuristic_transient_tokens_per_s']:.1f}."]
     cmd = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
     Path(a.out + ".md").write_text(
-        f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s (mean over {a.prompts} prompts x {a.repeats} repeats per set, "
-        f"{N} new tokens, greedy, drafter {a.draft} ({a.draft_dtype})). Every prompt runs every mode in turn, the "
-        "order rotating from prompt to prompt; ratios are of mean tokens/s with a 90 % bootstrap interval over the "
-        "paired (prompt, repeat) runs. adaptive and heuristic are one policy per prompt set whose state carries "
+        f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s of each prompt set: {a.prompts} prompts x {a.repeats} "
+        f"repeats, {N} new tokens each, greedy, drafter {a.draft} ({a.draft_dtype}); total tokens / total wall time "
+        "(prefill included), i.e. the harmonic mean of the per-generation rates. Every prompt runs every mode in "
+        "turn, the order rotating from prompt to prompt; ratios come with a 90 % bootstrap interval over the "
+        "paired (prompt, repeat) runs. The last column compares arithmetic means of the per-generation rates "
+        "instead (this file's metric before 2026-12-01), each against the best fixed k by that metric. adaptive and heuristic are one policy per prompt set whose state carries "
         "over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across generate calls); "
         "heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k are stateless."
         "\n\n" + "\n".join(lines) + "\n")
