@@ -11,10 +11,10 @@ replayed on the same texts with the same costs, and two policies differ only by 
 
 Recorded here: the target's greedy continuation of each prompt of `adaptive.py`'s sets, L_t for every
 position, and the costs the engine measures on this machine (seconds per draft token, T_verify(n) for
-n = 1..max_k + 1, from fixed-k generations). Replayed: every fixed k, HF's heuristic in both schedules
-and the adaptive policy, each fed the recorded costs (with 10 % noise, as measured step times have)
-through the same observe() the engine calls. What a replay does not see: the draft model's catch-up
-after plain steps, and costs that change with the context length; `adaptive.py` measures those.
+n = 1..max_k + 1, from fixed-k generations; the draft's catch-up per token after plain steps). Replayed:
+every fixed k, HF's heuristic in both schedules and the adaptive policy, each fed the recorded costs (with
+10 % noise, as measured step times have) through the same observe() the engine calls. What a replay does
+not see: costs that change with the context length and per-step overheads; `adaptive.py` measures those.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import json
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,18 +63,35 @@ def measure_costs(target, draft, ids, max_k, repeats=2):
     return statistics.median(t_draft), {n: statistics.median(v) for n, v in t_verify.items()}
 
 
-def replay(policy, L, t_draft, t_verify, rng, noise=0.1):
-    """Seconds one generation takes under `policy` (the first token comes from the prefill)."""
-    t, total = 1, 0.0
+def catch_up_cost(draft, ids, tokens=16, repeats=5):
+    """Seconds per token a draft forward over several tokens adds: the catch-up after plain steps."""
+    with torch.no_grad():
+        draft(ids)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            draft(ids[:, -tokens:], logits_to_keep=1)
+        many = (time.perf_counter() - t0) / repeats
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            draft(ids[:, -1:], logits_to_keep=1)
+        one = (time.perf_counter() - t0) / repeats
+    return max(0.0, many - one) / (tokens - 1)
+
+
+def replay(policy, L, t_draft, t_verify, rng, noise=0.1, catch_up=0.0):
+    """Seconds one generation takes under `policy` (the first token comes from the prefill). A model drafter
+    idle during plain steps catches up on their tokens in its next forward (`catch_up` seconds per token)."""
+    t, total, idle = 1, 0.0, 0
     if hasattr(policy, "begin_sequence"):
         policy.begin_sequence()
     while t < len(L):
         k = max(0, min(policy.next_length(), len(L) - t - 1, max(t_verify) - 1))
         n = min(L[t], k)
-        d = k * t_draft * (1 + noise * rng.gauss(0, 1))
+        d = (k * t_draft + (catch_up * idle if k else 0.0)) * (1 + noise * rng.gauss(0, 1))
         v = t_verify[k + 1] * (1 + noise * rng.gauss(0, 1))
         policy.observe(k, n, d, v)
         total += d + v
+        idle = idle + 1 if k == 0 else 0
         t += n + 1
     return total
 
@@ -98,10 +116,11 @@ def main():
     sets = prompt_sets(tok, a.prompts)
     traces = {name: [run_lengths(target, draft, tok(p, return_tensors="pt").input_ids, a.new_tokens) for p in texts]
               for name, texts in sets.items()}
-    t_draft, t_verify = measure_costs(target, draft, tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids,
-                                      a.max_k)
+    cost_ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
+    t_draft, t_verify = measure_costs(target, draft, cost_ids, a.max_k)
+    catch_up = catch_up_cost(draft, cost_ids)
     modes = [f"k={k}" for k in range(a.max_k + 1)] + ["heuristic", "heuristic_transient", "adaptive"]
-    results = {"t_draft_s": t_draft, "t_verify_s": t_verify, "sets": {}}
+    results = {"t_draft_s": t_draft, "t_verify_s": t_verify, "catch_up_s_per_token": catch_up, "sets": {}}
     for name, runs in traces.items():
         secs = {m: [] for m in modes}  # replayed seconds per generation
         tokens = 0
@@ -118,7 +137,7 @@ def main():
                             policy = make_policy("heuristic", a.max_k)
                         else:
                             policy = ConstantPolicy(int(m[2:]))
-                        secs[m].append(replay(policy, L, t_draft, t_verify, rng))
+                        secs[m].append(replay(policy, L, t_draft, t_verify, rng, catch_up=catch_up))
         # a set's throughput: its tokens over the time its generations took (see adaptive.py)
         mean = {m: tokens / sum(v) for m, v in secs.items()}
         lengths = [len(L) - 1 for _ in range(a.seeds * a.repeats) for L in runs]
@@ -146,7 +165,8 @@ def main():
     Path(a.out + ".md").write_text(
         f"# Draft-length policies replayed on recorded acceptance\n\n`{cmd}`\n\nDrafter {a.draft} ({a.draft_dtype}); "
         f"{a.prompts} prompts per set x {a.repeats} passes x {a.seeds} noise seeds, {a.new_tokens} tokens each. "
-        f"Measured costs: {t_draft * 1e3:.2f} ms per draft token; T_verify(n) in ms: {costs}. Ratios of tokens/s, "
+        f"Measured costs: {t_draft * 1e3:.2f} ms per draft token, {catch_up * 1e3:.3f} ms per token of catch-up; "
+        f"T_verify(n) in ms: {costs}. Ratios of tokens/s, "
         "each set's tokens over its replayed time (drafting + verification only); the last column compares "
         "arithmetic means of the per-generation rates instead.\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
