@@ -131,6 +131,12 @@ def main():
             r[f"mean_of_rates_adaptive_vs_{key}"] = per_run_mean["adaptive"] / per_run_mean[other]
         results[name] = r
         print(name, json.dumps(r), file=sys.stderr)
+    if len(sets) > 1:  # all sets as one workload: every (set, prompt, repeat) a paired unit
+        pooled = {m: [x for name in sets for x in results[name]["seconds"][m]] for m in modes}
+        results["all_sets"] = {}
+        for other in ("heuristic", "heuristic_transient"):
+            results["all_sets"][f"adaptive_vs_{other}"] = sum(pooled[other]) / sum(pooled["adaptive"])
+            results["all_sets"][f"adaptive_vs_{other}_ci90"] = _bootstrap_ratio(pooled[other], pooled["adaptive"], rng)
     if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -166,6 +172,10 @@ def main():
                      f" | {r['best_fixed']} | {ratio(r, 'adaptive_vs_best_fixed')} | {ratio(r, 'adaptive_vs_heuristic')} "
                      f"| {ratio(r, 'adaptive_vs_heuristic_transient')} | {r['mean_of_rates_adaptive_vs_best_fixed']:.3f} "
                      f"({r['best_fixed_by_mean_of_rates']}), {r['mean_of_rates_adaptive_vs_heuristic']:.3f} |")
+    if "all_sets" in results:
+        r = results["all_sets"]
+        lines += ["", f"All sets as one workload: adaptive / heuristic {ratio(r, 'adaptive_vs_heuristic')}, adaptive / "
+                  f"heuristic_transient {ratio(r, 'adaptive_vs_heuristic_transient')}."]
     u = results.get("useless_drafter")
     if u:
         lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
