@@ -15,12 +15,16 @@ generation's wall time): every generation emits the same number of tokens, so th
 of the per-generation rates, the rate at which the whole set is served. The arithmetic mean of the
 per-generation rates is reported beside it; it weights each fast generation's rate as much as a slow one's
 although the slow one takes longer, so a policy that loses a little on easy texts and wins a lot on hard
-ones looks worse by it than it is.
+ones looks worse by it than it is. Per generation, the geometric mean of the paired speed ratios and
+how often adaptive was faster say whether it wins on most generations or on the slow ones.
+
+The JSON keeps every generation's seconds; `--render results/adaptive.json` rewrites the markdown from it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -78,7 +82,11 @@ def main():
     ap.add_argument("--sets", default="copy,code,prose", help="prompt sets to run (comma-separated)")
     ap.add_argument("--no-useless", action="store_true", help="skip the useless-drafter comparison")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "adaptive"))
+    ap.add_argument("--render", metavar="RUN.json", help="only rewrite RUN.md from a recorded run's RUN.json")
     a = ap.parse_args()
+    if a.render:
+        print(render(json.loads(Path(a.render).read_text()), a.render.removesuffix(".json")))
+        return
     torch.set_num_threads(a.threads)
     target, tok = specdec.zoo.load("target")
     as_run = specdec.int8_draft if a.draft_dtype == "int8" else (lambda m: m)
@@ -157,7 +165,17 @@ def main():
                                       "ratio_ci90": _bootstrap_ratio(plain, adapt, rng),
                                       "mean_of_rates_ratio": statistics.mean(N / x for x in adapt) /
                                       statistics.mean(N / x for x in plain)}
+    results["run"] = {"command": "python benchmarks/adaptive.py " + " ".join(sys.argv[1:]), "prompts": a.prompts,
+                      "repeats": a.repeats, "new_tokens": N, "draft": a.draft, "draft_dtype": a.draft_dtype,
+                      "modes": modes, "sets": list(sets)}
     Path(a.out + ".json").write_text(json.dumps(results, indent=2))
+    print(render(results, a.out))
+
+
+def render(results, out):
+    """Write `out`.md from a run's results (the JSON main() writes); returns the table."""
+    run = results["run"]
+    modes, sets = run["modes"], run["sets"]
 
     def ratio(r, key):
         lo, hi = r[key + "_ci90"]
@@ -166,12 +184,19 @@ def main():
     lines = ["| prompt set | " + " | ".join(modes) + " | best fixed | adaptive / best fixed | adaptive / heuristic "
              "| adaptive / heuristic_transient | by mean of rates: adaptive / best fixed, / heuristic |",
              "|---|" + "---|" * (len(modes) + 5)]
+    per_generation = []
     for name in sets:
         r = results[name]
         lines.append(f"| {name} | " + " | ".join(f"{r['tokens_per_s'][m]:.1f}" for m in modes) +
                      f" | {r['best_fixed']} | {ratio(r, 'adaptive_vs_best_fixed')} | {ratio(r, 'adaptive_vs_heuristic')} "
                      f"| {ratio(r, 'adaptive_vs_heuristic_transient')} | {r['mean_of_rates_adaptive_vs_best_fixed']:.3f} "
                      f"({r['best_fixed_by_mean_of_rates']}), {r['mean_of_rates_adaptive_vs_heuristic']:.3f} |")
+        ada, heu = r["seconds"]["adaptive"], r["seconds"]["heuristic"]
+        geo = math.exp(statistics.mean(math.log(h / x) for x, h in zip(ada, heu)))
+        wins = sum(h > x for x, h in zip(ada, heu))
+        per_generation.append(f"{name} {geo:.3f} (faster in {wins} of {len(ada)})")
+    lines += ["", "Per generation, adaptive / heuristic (geometric mean of the paired speed ratios): "
+              + ", ".join(per_generation) + "."]
     if "all_sets" in results:
         r = results["all_sets"]
         lines += ["", f"All sets as one workload: adaptive / heuristic {ratio(r, 'adaptive_vs_heuristic')}, adaptive / "
@@ -182,18 +207,18 @@ def main():
                   f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {ratio(u, 'ratio')}; by mean of rates "
                   f"{u['mean_of_rates_ratio']:.3f}); HF's heuristic (transient) "
                   f"{u['heuristic_transient_tokens_per_s']:.1f}."]
-    cmd = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
-    Path(a.out + ".md").write_text(
-        f"# Adaptive draft length\n\n`{cmd}`\n\nTokens/s of each prompt set: {a.prompts} prompts x {a.repeats} "
-        f"repeats, {N} new tokens each, greedy, drafter {a.draft} ({a.draft_dtype}); total tokens / total wall time "
-        "(prefill included), i.e. the harmonic mean of the per-generation rates. Every prompt runs every mode in "
-        "turn, the order rotating from prompt to prompt; ratios come with a 90 % bootstrap interval over the "
-        "paired (prompt, repeat) runs. The last column compares arithmetic means of the per-generation rates "
-        "instead (this file's metric before 2026-12-01), each against the best fixed k by that metric. adaptive and heuristic are one policy per prompt set whose state carries "
-        "over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across generate calls); "
-        "heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k are stateless."
-        "\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    Path(out + ".md").write_text(
+        f"# Adaptive draft length\n\n`{run['command']}`\n\nTokens/s of each prompt set: {run['prompts']} prompts x "
+        f"{run['repeats']} repeats, {run['new_tokens']} new tokens each, greedy, drafter {run['draft']} "
+        f"({run['draft_dtype']}); total tokens / total wall time (prefill included), i.e. the harmonic mean of the "
+        "per-generation rates. Every prompt runs every mode in turn, the order rotating from prompt to prompt; "
+        "ratios come with a 90 % bootstrap interval over the paired (prompt, repeat) runs. The last column "
+        "compares arithmetic means of the per-generation rates instead (this file's metric before 2026-12-01), "
+        "each against the best fixed k by that metric. adaptive and heuristic are one policy per prompt set whose "
+        "state carries over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across "
+        "generate calls); heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k "
+        "are stateless.\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
