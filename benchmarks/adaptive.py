@@ -1,7 +1,9 @@
 """Adaptive draft length vs every fixed k vs HF's heuristic, side by side, on prompt sets of different
 predictability; and with a useless (random-weight) drafter, adaptive vs target-only decoding. HF's
 heuristic runs in both of its schedules: "heuristic" (its budget carries over from call to call, as HF
-keeps it) and "heuristic_transient" (restarts at 4 on every call).
+keeps it) and "heuristic_transient" (restarts at 4 on every call). Adaptive likewise: "adaptive" is one
+policy whose estimates carry over (what `specdec.wrap` and the chat session keep), "adaptive_transient"
+a fresh one per call (what each `specdec.generate` call makes).
 
     python benchmarks/adaptive.py
 
@@ -98,7 +100,7 @@ def main():
     draft = as_run(specdec.zoo.load(a.draft)[0])
     N = a.new_tokens
     ks = [int(k) for k in a.ks.split(",")]
-    modes = [f"k={k}" for k in ks] + ["heuristic", "heuristic_transient", "adaptive"]
+    modes = [f"k={k}" for k in ks] + ["heuristic", "heuristic_transient", "adaptive", "adaptive_transient"]
     sets = {k: v for k, v in prompt_sets(tok, a.prompts).items() if k in a.sets.split(",")}
     rng = torch.Generator().manual_seed(0)
     results = {}
@@ -113,7 +115,8 @@ def main():
     for name, texts in sets.items():
         # stateful policies, one per prompt set, as when serving: adaptive's estimates and HF's "heuristic"
         # budget (HF keeps num_assistant_tokens across generate calls) carry over from prompt to prompt;
-        # "heuristic_transient" (HF's other schedule) restarts at 4 on every call, fixed k are stateless
+        # "heuristic_transient" (HF's other schedule) restarts at 4 on every call and "adaptive_transient" is a fresh
+        # policy per call (as each specdec.generate call makes); fixed k are stateless
         keep = {"adaptive": make_policy("adaptive"), "heuristic": make_policy("heuristic")}
         secs = {m: [] for m in modes}  # [prompt x repeat] wall seconds per generation
         for rep in range(a.repeats):
@@ -125,6 +128,8 @@ def main():
                         policy = keep[m]
                     elif m == "heuristic_transient":
                         policy = make_policy("heuristic")
+                    elif m == "adaptive_transient":
+                        policy = make_policy("adaptive")
                     else:
                         policy = int(m[2:])
                     secs[m].append(run(draft if policy != 0 else None, policy, ids))
@@ -139,6 +144,10 @@ def main():
             # throughput ratio = time ratio: other's total seconds / adaptive's, resampled over paired runs
             r[f"adaptive_vs_{key}"] = tput["adaptive"] / tput[other]
             r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive"], rng)
+        for other in (best_fixed, "heuristic_transient"):  # a fresh policy per call against the same
+            key = "best_fixed" if other == best_fixed else other
+            r[f"adaptive_transient_vs_{key}"] = tput["adaptive_transient"] / tput[other]
+            r[f"adaptive_transient_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive_transient"], rng)
         for other in (best_fixed_mean, "heuristic"):
             key = "best_fixed" if other == best_fixed_mean else other
             r[f"mean_of_rates_adaptive_vs_{key}"] = per_run_mean["adaptive"] / per_run_mean[other]
@@ -150,17 +159,22 @@ def main():
         for other in ("heuristic", "heuristic_transient"):
             results["all_sets"][f"adaptive_vs_{other}"] = sum(pooled[other]) / sum(pooled["adaptive"])
             results["all_sets"][f"adaptive_vs_{other}_ci90"] = _bootstrap_ratio(pooled[other], pooled["adaptive"], rng)
+        results["all_sets"]["adaptive_transient_vs_heuristic_transient"] = (
+            sum(pooled["heuristic_transient"]) / sum(pooled["adaptive_transient"]))
+        results["all_sets"]["adaptive_transient_vs_heuristic_transient_ci90"] = _bootstrap_ratio(
+            pooled["heuristic_transient"], pooled["adaptive_transient"], rng)
     if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
         from transformers import AutoConfig, AutoModelForCausalLM
 
         torch.manual_seed(0)
         junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
-        plain, adapt, heur = [], [], []
+        plain, adapt, fresh, heur = [], [], [], []
         useless = make_policy("adaptive")
         for rep in range(a.repeats):
             for text in specdec.zoo.prompts(a.prompts):
                 ids = tok(text, return_tensors="pt").input_ids
-                pair = [(plain, None, 0), (adapt, junk, useless), (heur, junk, make_policy("heuristic"))]
+                pair = [(plain, None, 0), (adapt, junk, useless), (fresh, junk, make_policy("adaptive")),
+                        (heur, junk, make_policy("heuristic"))]
                 for out, drafter, policy in (pair if rep % 2 == 0 else pair[::-1]):
                     out.append(run(drafter, policy, ids))
         results["useless_drafter"] = {"target_only_tokens_per_s": throughput(plain, N),
@@ -168,7 +182,10 @@ def main():
                                       "heuristic_transient_tokens_per_s": throughput(heur, N),
                                       "ratio": throughput(adapt, N) / throughput(plain, N),
                                       "ratio_ci90": _bootstrap_ratio(plain, adapt, rng),
-                                      "mean_of_rates_ratio": mean_of_rates(adapt, N) / mean_of_rates(plain, N)}
+                                      "mean_of_rates_ratio": mean_of_rates(adapt, N) / mean_of_rates(plain, N),
+                                      "adaptive_transient_tokens_per_s": throughput(fresh, N),
+                                      "transient_ratio": throughput(fresh, N) / throughput(plain, N),
+                                      "transient_ratio_ci90": _bootstrap_ratio(plain, fresh, rng)}
     results["run"] = {"command": "python benchmarks/adaptive.py " + " ".join(sys.argv[1:]), "prompts": a.prompts,
                       "repeats": a.repeats, "new_tokens": N, "draft": a.draft, "draft_dtype": a.draft_dtype,
                       "modes": modes, "sets": list(sets)}
@@ -201,16 +218,27 @@ def render(results, out):
         per_generation.append(f"{name} {geo:.3f} (faster in {wins} of {len(ada)})")
     lines += ["", "Per generation, adaptive / heuristic (geometric mean of the paired speed ratios): "
               + ", ".join(per_generation) + "."]
+    if "adaptive_transient" in modes:
+        lines += ["", "A fresh adaptive policy per call (adaptive_transient), per set: " + ", ".join(
+            f"{name} {ratio(results[name], 'adaptive_transient_vs_best_fixed')} of the best fixed k and "
+            f"{ratio(results[name], 'adaptive_transient_vs_heuristic_transient')} of heuristic_transient"
+            for name in sets) + "."]
     if "all_sets" in results:
         r = results["all_sets"]
         lines += ["", f"All sets as one workload: adaptive / heuristic {ratio(r, 'adaptive_vs_heuristic')}, adaptive / "
-                  f"heuristic_transient {ratio(r, 'adaptive_vs_heuristic_transient')}."]
+                  f"heuristic_transient {ratio(r, 'adaptive_vs_heuristic_transient')}" + (
+                      f"; adaptive_transient / heuristic_transient "
+                      f"{ratio(r, 'adaptive_transient_vs_heuristic_transient')}."
+                      if "adaptive_transient_vs_heuristic_transient" in r else ".")]
     u = results.get("useless_drafter")
     if u:
         lines += ["", f"Useless (random-weight) drafter: adaptive {u['adaptive_tokens_per_s']:.1f} tokens/s vs plain "
                   f"decoding {u['target_only_tokens_per_s']:.1f} (ratio {ratio(u, 'ratio')}; by mean of rates "
                   f"{u['mean_of_rates_ratio']:.3f}); HF's heuristic (transient) "
                   f"{u['heuristic_transient_tokens_per_s']:.1f}."]
+        if "transient_ratio" in u:
+            lines[-1] += (f" A fresh adaptive policy per call: {u['adaptive_transient_tokens_per_s']:.1f} tokens/s "
+                          f"(ratio {ratio(u, 'transient_ratio')}).")
     Path(out + ".md").write_text(
         f"# Adaptive draft length\n\n`{run['command']}`\n\nTokens/s of each prompt set: {run['prompts']} prompts x "
         f"{run['repeats']} repeats, {run['new_tokens']} new tokens each, greedy, drafter {run['draft']} "
@@ -221,7 +249,8 @@ def render(results, out):
         "each against the best fixed k by that metric. adaptive and heuristic are one policy per prompt set whose "
         "state carries over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across "
         "generate calls); heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k "
-        "are stateless.\n\n" + "\n".join(lines) + "\n")
+        "are stateless" + ("; adaptive_transient is a fresh policy per call, as each `specdec.generate` call makes"
+                            if "adaptive_transient" in modes else "") + ".\n\n" + "\n".join(lines) + "\n")
     return "\n".join(lines)
 
 

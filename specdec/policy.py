@@ -627,6 +627,14 @@ class AdaptivePolicy(_BasePolicy):
     probe were tried first: on traces of the zoo draft's acceptance they left a generation plain for
     up to 48 steps while its text had turned easy (the gap had doubled during the hard start).
 
+    Exploration: a fresh policy does not fall back before the target has judged `explore_tokens` (4) of
+    its drafted tokens, unless no k >= 1 would pay even at the tracker's prior rate (a drafter too dear
+    to ever pay). One rejected token is no evidence that a drafter is useless, yet it moves a
+    Beta(1, 1) prior to alpha = 1/3: a fresh policy (every `specdec.generate` call makes one) on a
+    2-core CI machine left speculation after the first token of a 40-token zoo generation was rejected,
+    and its probes came too late to see the next four of seven accepted. A useless drafter pays the
+    exploration once per policy: about 4 k = 1 steps.
+
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
     (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
     drafting time of a tree step (one forward per depth, so about the same for every B). The first
@@ -649,6 +657,7 @@ class AdaptivePolicy(_BasePolicy):
         calibration_prior: float = 4.0,
         fallback_below: float = 0.95,
         sequence_discount: float = 0.25,
+        explore_tokens: int = 4,
     ):
         if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral) or max_length < 1:
             raise ValueError(f"max_draft_length must be an int >= 1, got {max_length!r}")
@@ -675,6 +684,10 @@ class AdaptivePolicy(_BasePolicy):
         if not 0.0 < sequence_discount <= 1.0:
             raise ValueError(f"sequence_discount must be in (0, 1], got {sequence_discount}")
         self.sequence_discount = float(sequence_discount)
+        if explore_tokens < 0:
+            raise ValueError(f"explore_tokens must be >= 0, got {explore_tokens}")
+        self.explore_tokens = int(explore_tokens)
+        self._tested = 0  # drafted tokens the target has judged so far (a fresh policy explores first)
         self._plain_run = 0  # plain steps since the drafter last ran (its catch-up at the next probe)
         self._probe_next = False  # a new sequence began in fallback: probe on its first step
         self._catchup_s: float | None = None  # EMA of the drafter's catch-up seconds per idle step (b)
@@ -708,6 +721,10 @@ class AdaptivePolicy(_BasePolicy):
             k1 = max(range(1, len(sp)), key=sp.__getitem__)
             if sp[k1] >= self.fallback_below * sp[0]:
                 k, s = k1, sp[k1]
+        if k == 0 and self._tested < self.explore_tokens and self._prior_pays():
+            sp = self.speedups()  # too little evidence to leave speculation: draft the best k >= 1
+            k = max(range(1, len(sp)), key=sp.__getitem__)
+            s = sp[k]
         self._probing = k == 0 and (self._probe_next or self._plain_run + 1 >= self.probe_gap())
         self._probe_next = False
         if self._probing:
@@ -715,6 +732,15 @@ class AdaptivePolicy(_BasePolicy):
         self._plan_k, self._plan_s = k, s
         self._p_cum, self._step_q = 1.0, []
         return k
+
+    def _prior_pays(self) -> bool:
+        """Whether some k >= 1 would pay, within the fallback margin, at the tracker's prior acceptance rate
+        (what is assumed before any evidence) and the measured costs."""
+        a0, b0 = getattr(self.tracker, "prior", (1.0, 1.0))
+        c = self.costs
+        sp = [expected_speedup(a0 / (a0 + b0), k, c.t_draft, c.t_verify, c.t_target_1)
+              for k in range(self.max_length + 1)]
+        return max(sp[1:]) >= self.fallback_below * sp[0]
 
     def _probe_price(self, k: int) -> float:
         """a: seconds a k-token probe costs beyond a plain step, the drafter's catch-up left out."""
@@ -757,10 +783,11 @@ class AdaptivePolicy(_BasePolicy):
         plain decoding probes on its first step (the exploration budget then costs a useless drafter one
         more probe per generation). The acceptance evidence keeps its means but is discounted by
         `sequence_discount` (0.25): the last text's rates are the new one's starting point, and its first
-        steps move them four times faster."""
+        steps move them four times faster. A policy that has observed no drafting step keeps its prior."""
         self._probe_next = self._plain_run > 0
         self._plain_run = 0  # the drafter has just read the prompt: nothing to catch up on
-        self.tracker.discount(self.sequence_discount)
+        if self.tracker.steps > 0:  # a fresh tracker holds only its prior, no last text to discount
+            self.tracker.discount(self.sequence_discount)
 
     # ---- inside a step
 
@@ -793,6 +820,7 @@ class AdaptivePolicy(_BasePolicy):
             extra = draft_s + verify_s - self.costs.t_target_1 - self._probe_price(k)
             self._catchup_s = self.costs._ema(self._catchup_s, max(0.0, extra) / self._plain_run)
         super().observe(k, n, draft_s, verify_s, beta)
+        self._tested += min(n + 1, k)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
         if k > 0 and self._step_q:
             lam = self.tracker.forgetting
