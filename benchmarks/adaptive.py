@@ -2,8 +2,8 @@
 predictability; and with a useless (random-weight) drafter, adaptive vs target-only decoding. HF's
 heuristic runs in both of its schedules: "heuristic" (its budget carries over from call to call, as HF
 keeps it) and "heuristic_transient" (restarts at 4 on every call). Adaptive likewise: "adaptive" is one
-policy whose estimates carry over (what `specdec.wrap` and the chat session keep), "adaptive_transient"
-a fresh one per call (what each `specdec.generate` call makes).
+policy whose estimates carry over (what `specdec.generate` keeps for a target and drafter, and what a
+`wrap()`ed model and the chat session keep), "adaptive_transient" a fresh one per call (a first call).
 
     python benchmarks/adaptive.py
 
@@ -116,7 +116,7 @@ def main():
         # stateful policies, one per prompt set, as when serving: adaptive's estimates and HF's "heuristic"
         # budget (HF keeps num_assistant_tokens across generate calls) carry over from prompt to prompt;
         # "heuristic_transient" (HF's other schedule) restarts at 4 on every call and "adaptive_transient" is a fresh
-        # policy per call (as each specdec.generate call makes); fixed k are stateless
+        # policy per call (what a first call gets); fixed k are stateless
         keep = {"adaptive": make_policy("adaptive"), "heuristic": make_policy("heuristic")}
         secs = {m: [] for m in modes}  # [prompt x repeat] wall seconds per generation
         for rep in range(a.repeats):
@@ -249,7 +249,8 @@ def render(results, out):
         "each against the best fixed k by that metric. adaptive and heuristic are one policy per prompt set whose "
         "state carries over from prompt to prompt (HF's \"heuristic\" schedule keeps num_assistant_tokens across "
         "generate calls); heuristic_transient restarts at 4 on every call (HF's \"heuristic_transient\"); fixed k "
-        "are stateless" + ("; adaptive_transient is a fresh policy per call, as each `specdec.generate` call makes"
+        "are stateless" + ("; adaptive_transient is a fresh policy per call (what a first call gets; "
+                            "specdec.generate keeps one policy per target and drafter, like adaptive here)"
                             if "adaptive_transient" in modes else "") + ".\n\n" + "\n".join(lines) + "\n")
     return "\n".join(lines)
 

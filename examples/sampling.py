@@ -18,7 +18,9 @@ target, tok = specdec.zoo.load("target")
 draft, _ = specdec.zoo.load("draft-wide")
 ids = tok(specdec.zoo.prompts(3)[2], return_tensors="pt").input_ids
 for seed in (0, 1):
-    torch.manual_seed(seed)  # the same seed gives the same sample
+    # every run is an exact sample of the target's distribution; a seed reproduces its sample only with a fixed
+    # draft_length (the adaptive default picks k from measured time, and k decides how the random stream is used)
+    torch.manual_seed(seed)
     out = specdec.generate(target, ids, drafter=draft, do_sample=True, temperature=a.temperature, top_p=a.top_p,
                            max_new_tokens=a.max_new_tokens, return_dict_in_generate=True)
     print(f"--- seed {seed}: {out.stats.summary()}")

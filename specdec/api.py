@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from .drafters.base import Drafter
 from .engine import Engine, Limits
 from .hf.runner import max_positions_of
-from .policy import make_policy
+from .policy import DraftPolicy, make_policy
 from .stats import SpecStats
 from .verifiers.sampling import SamplingParams
 
@@ -145,8 +146,39 @@ def _generator(device) -> torch.Generator:
     return g
 
 
+# target -> {options key: (weak reference to the drafter argument or None, policy)}; see _kept_policy
+_kept_policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_kept_lock = threading.Lock()
+
+
+def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance) -> DraftPolicy:
+    """The named policy ('adaptive' / 'heuristic') that `generate` keeps for this target, drafter and options.
+
+    Its estimates (acceptance, costs; the heuristic's budget) carry over from call to call, as HF keeps its
+    heuristic's num_assistant_tokens on the assistant model and as one `wrap()`ed model keeps its engine: a
+    fresh policy per call relearns the costs and the deep positions' rates on every call (measured on the
+    zoo's code prompts: 0.96 of the best fixed k, where the kept policy reached 1.00). A new drafter object,
+    tree shape or option gets its own policy; nothing here keeps a model alive (weak references).
+    """
+    model_drafter = drafter is not None and not isinstance(drafter, str)
+    key = (id(drafter) if model_drafter else drafter, str(draft_length).strip().lower(), max_draft_length,
+           repr(tree), acceptance)
+    with _kept_lock:
+        kept = _kept_policies.setdefault(target, {})
+        for k in [k for k, (ref, _) in kept.items() if ref is not None and ref() is None]:
+            del kept[k]  # its drafter is gone (and its id may be reused)
+        entry = kept.get(key)
+        if entry is None or (model_drafter and entry[0]() is not drafter):
+            try:
+                ref = weakref.ref(drafter) if model_drafter else None
+            except TypeError:  # a drafter object without weak references: a fresh policy per call
+                return make_policy(draft_length, max_draft_length)
+            entry = kept[key] = (ref, make_policy(draft_length, max_draft_length))
+        return entry[1]
+
+
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
-                 keep_cache=False):
+                 keep_cache=False, keep_policy=False):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -159,8 +191,12 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
             raise ValueError(f"draft_length={draft_length} is a node count for tree={tree!r}: it must be in "
                              f"[1, {tree.nodes}]")
     target.eval()
-    return Engine(target, _resolve_drafter(target, drafter), make_policy(draft_length, max_draft_length),
-                  acceptance=acceptance, tree=tree, keep_cache=keep_cache)
+    resolved = _resolve_drafter(target, drafter)
+    if keep_policy and isinstance(draft_length, str) and drafter is not None:
+        policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance)
+    else:
+        policy = make_policy(draft_length, max_draft_length)
+    return Engine(target, resolved, policy, acceptance=acceptance, tree=tree, keep_cache=keep_cache)
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
@@ -192,8 +228,14 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
     a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
     and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`).
+
+    'adaptive' and 'heuristic' keep their estimates from call to call for the same model, drafter object
+    and options (see `_kept_policy`); pass a DraftPolicy instance (specdec.policy.make_policy('adaptive'))
+    to hold the state yourself, e.g. a fresh one per call. With do_sample=True a seed reproduces a sample
+    only with a fixed int draft_length: the policies pick k from measured time, and k decides how the
+    random stream is consumed (every run is still an exact sample of the target's distribution).
     """
-    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True)
     return _run(engine, input_ids, **kwargs)
 
 
@@ -270,7 +312,7 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     """
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance)
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True)
     prompt = _prompt(model, input_ids)
     cfg = generation_config
     _check_supported(cfg)

@@ -179,3 +179,40 @@ def test_pages_and_attention_come_back_after_an_exception(target, draft):
     # and the same wrapper works normally afterwards
     assert torch.equal(model.generate(IDS, max_new_tokens=8, eos_token_id=None),
                        hf_greedy(target, IDS, 8, eos_token_id=None))
+
+
+def test_generate_keeps_a_named_policy_from_call_to_call(target):
+    """'adaptive' / 'heuristic' carry their estimates over between generate calls for the same target, drafter
+    object and options (as HF keeps its heuristic's budget); other drafters, options, ints and policy
+    instances do not share them, and a kept policy holds no drafter alive."""
+    import gc
+
+    from specdec.api import _kept_policies
+
+    def run(drafter, **options):
+        return specdec.generate(target, IDS, drafter=drafter, max_new_tokens=12, eos_token_id=None,
+                                return_dict_in_generate=True, **options).stats
+
+    drafter = build("llama", seed=1, layers=1)
+    first = run(drafter).tracker["steps"]  # drafting steps the policy has observed in its life
+    kept = _kept_policies[target]
+    n = len(kept)
+    second = run(drafter, draft_length="Adaptive").tracker["steps"]
+    assert 0 < first < second and len(kept) == n  # the same policy, learning on
+    run(drafter, max_draft_length=3)
+    assert len(kept) == n + 1  # other options: a policy of their own
+    other = build("llama", seed=1, layers=1)
+    run(other)
+    assert len(kept) == n + 2  # another drafter object
+    fresh = specdec.policy.make_policy("adaptive")
+    run(drafter, draft_length=fresh)
+    run(drafter, draft_length=3)
+    assert len(kept) == n + 2 and all(policy is not fresh for _, policy in kept.values())
+    del other
+    gc.collect()
+    run(drafter)
+    assert len(kept) == n + 1  # the dead drafter's policy is dropped, and it was not kept alive
+    run(drafter, draft_length="heuristic")
+    heuristic = next(p for _, p in kept.values() if isinstance(p, specdec.policy.HeuristicPolicy))
+    heuristic.budget = 6  # as if the last call had ended on a long accepted run
+    assert run(drafter, draft_length="heuristic").draft_lengths[0] == 6  # as HF: not reset to 4
