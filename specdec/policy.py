@@ -630,9 +630,9 @@ class AdaptivePolicy(_BasePolicy):
     Exploration: a fresh policy does not fall back before the target has judged `explore_tokens` (4) of
     its drafted tokens, unless no k >= 1 would pay even at the tracker's prior rate (a drafter too dear
     to ever pay). One rejected token is no evidence that a drafter is useless, yet it moves a
-    Beta(1, 1) prior to alpha = 1/3: a fresh policy (every `specdec.generate` call makes one) on a
-    2-core CI machine left speculation after the first token of a 40-token zoo generation was rejected,
-    and its probes came too late to see the next four of seven accepted. A useless drafter pays the
+    Beta(1, 1) prior to alpha = 1/3: a fresh policy on a 2-core CI machine left speculation after the
+    first token of a 40-token zoo generation was rejected, and its first probe came after the generation
+    had ended, while the draft's next guesses were accepted 4 of 7. A useless drafter pays the
     exploration once per policy: about 4 k = 1 steps.
 
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
