@@ -20,7 +20,9 @@ although the slow one takes longer, so a policy that loses a little on easy text
 ones looks worse by it than it is. Per generation, the geometric mean of the paired speed ratios and
 how often adaptive was faster say whether it wins on most generations or on the slow ones.
 
-The JSON keeps every generation's seconds; `--render results/adaptive.json` rewrites the markdown from it.
+The JSON keeps every generation's seconds; `--render results/adaptive.json` rewrites the markdown from it,
+and `--pool A.json B.json --out results/pooled` pools runs of the same settings (one run resolves about
++-4 % on a shared 2-core machine; differences between policies are often smaller).
 """
 from __future__ import annotations
 
@@ -90,9 +92,18 @@ def main():
     ap.add_argument("--no-useless", action="store_true", help="skip the useless-drafter comparison")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "adaptive"))
     ap.add_argument("--render", metavar="RUN.json", help="only rewrite RUN.md from a recorded run's RUN.json")
+    ap.add_argument("--pool", nargs="+", metavar="RUN.json",
+                    help="only pool recorded runs of the same settings into OUT.json / OUT.md (every ratio over all "
+                         "their generations; the useless drafter when every run recorded its seconds)")
     a = ap.parse_args()
     if a.render:
         print(render(json.loads(Path(a.render).read_text()), a.render.removesuffix(".json")))
+        return
+    if a.pool:
+        results = pool([json.loads(Path(p).read_text()) for p in a.pool])
+        results["run"]["command"] = "python benchmarks/adaptive.py " + " ".join(sys.argv[1:])
+        Path(a.out + ".json").write_text(json.dumps(results, indent=2))
+        print(render(results, a.out))
         return
     torch.set_num_threads(a.threads)
     target, tok = specdec.zoo.load("target")
@@ -102,8 +113,7 @@ def main():
     ks = [int(k) for k in a.ks.split(",")]
     modes = [f"k={k}" for k in ks] + ["heuristic", "heuristic_transient", "adaptive", "adaptive_transient"]
     sets = {k: v for k, v in prompt_sets(tok, a.prompts).items() if k in a.sets.split(",")}
-    rng = torch.Generator().manual_seed(0)
-    results = {}
+    set_secs = {}  # prompt set -> mode -> [prompt x repeat] wall seconds per generation
 
     def run(drafter, policy, ids):
         """Wall seconds of one generation of exactly N new tokens (prefill included)."""
@@ -118,7 +128,7 @@ def main():
         # "heuristic_transient" (HF's other schedule) restarts at 4 on every call and "adaptive_transient" is a fresh
         # policy per call (what a first call gets); fixed k are stateless
         keep = {"adaptive": make_policy("adaptive"), "heuristic": make_policy("heuristic")}
-        secs = {m: [] for m in modes}  # [prompt x repeat] wall seconds per generation
+        secs = {m: [] for m in modes}
         for rep in range(a.repeats):
             for i, text in enumerate(texts):
                 ids = tok(text, return_tensors="pt").input_ids
@@ -133,6 +143,39 @@ def main():
                     else:
                         policy = int(m[2:])
                     secs[m].append(run(draft if policy != 0 else None, policy, ids))
+        set_secs[name] = secs
+        print(name, {m: round(throughput(v, N), 1) for m, v in secs.items()}, file=sys.stderr)  # progress
+    useless_secs = None
+    if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
+        useless_secs = {"plain": [], "adaptive": [], "adaptive_transient": [], "heuristic_transient": []}
+        useless = make_policy("adaptive")
+        for rep in range(a.repeats):
+            for text in specdec.zoo.prompts(a.prompts):
+                ids = tok(text, return_tensors="pt").input_ids
+                pair = [("plain", None, 0), ("adaptive", junk, useless),
+                        ("adaptive_transient", junk, make_policy("adaptive")),
+                        ("heuristic_transient", junk, make_policy("heuristic"))]
+                for m, drafter, policy in (pair if rep % 2 == 0 else pair[::-1]):
+                    useless_secs[m].append(run(drafter, policy, ids))
+    results = summarize(set_secs, useless_secs, N, modes)
+    results["run"] = {"command": "python benchmarks/adaptive.py " + " ".join(sys.argv[1:]), "prompts": a.prompts,
+                      "repeats": a.repeats, "new_tokens": N, "draft": a.draft, "draft_dtype": a.draft_dtype,
+                      "modes": modes, "sets": list(sets)}
+    Path(a.out + ".json").write_text(json.dumps(results, indent=2))
+    print(render(results, a.out))
+
+
+def summarize(set_secs, useless_secs, N, modes):
+    """Every ratio, from the wall seconds alone (so recorded runs can be pooled): set_secs[set][mode] and
+    useless_secs[mode] (or None) are lists of per-generation seconds, paired by index across modes."""
+    rng = torch.Generator().manual_seed(0)
+    results = {}
+    fresh = "adaptive_transient" in modes
+    for name, secs in set_secs.items():
         tput = {m: throughput(v, N) for m, v in secs.items()}
         per_run_mean = {m: mean_of_rates(v, N) for m, v in secs.items()}
         best_fixed = max((m for m in modes if m.startswith("k=")), key=lambda m: tput[m])
@@ -144,7 +187,7 @@ def main():
             # throughput ratio = time ratio: other's total seconds / adaptive's, resampled over paired runs
             r[f"adaptive_vs_{key}"] = tput["adaptive"] / tput[other]
             r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive"], rng)
-        for other in (best_fixed, "heuristic_transient"):  # a fresh policy per call against the same
+        for other in (best_fixed, "heuristic_transient") if fresh else ():  # a fresh policy per call
             key = "best_fixed" if other == best_fixed else other
             r[f"adaptive_transient_vs_{key}"] = tput["adaptive_transient"] / tput[other]
             r[f"adaptive_transient_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive_transient"], rng)
@@ -152,45 +195,47 @@ def main():
             key = "best_fixed" if other == best_fixed_mean else other
             r[f"mean_of_rates_adaptive_vs_{key}"] = per_run_mean["adaptive"] / per_run_mean[other]
         results[name] = r
-        print(name, json.dumps(r), file=sys.stderr)
-    if len(sets) > 1:  # all sets as one workload: every (set, prompt, repeat) a paired unit
-        pooled = {m: [x for name in sets for x in results[name]["seconds"][m]] for m in modes}
+    if len(set_secs) > 1:  # all sets as one workload: every (set, prompt, repeat) a paired unit
+        pooled = {m: [x for secs in set_secs.values() for x in secs[m]] for m in modes}
+        pairs = [("adaptive", "heuristic"), ("adaptive", "heuristic_transient")]
+        pairs += [("adaptive_transient", "heuristic_transient")] if fresh else []
         results["all_sets"] = {}
-        for other in ("heuristic", "heuristic_transient"):
-            results["all_sets"][f"adaptive_vs_{other}"] = sum(pooled[other]) / sum(pooled["adaptive"])
-            results["all_sets"][f"adaptive_vs_{other}_ci90"] = _bootstrap_ratio(pooled[other], pooled["adaptive"], rng)
-        results["all_sets"]["adaptive_transient_vs_heuristic_transient"] = (
-            sum(pooled["heuristic_transient"]) / sum(pooled["adaptive_transient"]))
-        results["all_sets"]["adaptive_transient_vs_heuristic_transient_ci90"] = _bootstrap_ratio(
-            pooled["heuristic_transient"], pooled["adaptive_transient"], rng)
-    if not a.no_useless:  # useless drafter: random weights, same shape as the draft, on the code prompts
-        from transformers import AutoConfig, AutoModelForCausalLM
+        for mine, other in pairs:
+            results["all_sets"][f"{mine}_vs_{other}"] = sum(pooled[other]) / sum(pooled[mine])
+            results["all_sets"][f"{mine}_vs_{other}_ci90"] = _bootstrap_ratio(pooled[other], pooled[mine], rng)
+    if useless_secs:
+        u = useless_secs
+        results["useless_drafter"] = {"target_only_tokens_per_s": throughput(u["plain"], N),
+                                      "adaptive_tokens_per_s": throughput(u["adaptive"], N),
+                                      "heuristic_transient_tokens_per_s": throughput(u["heuristic_transient"], N),
+                                      "ratio": throughput(u["adaptive"], N) / throughput(u["plain"], N),
+                                      "ratio_ci90": _bootstrap_ratio(u["plain"], u["adaptive"], rng),
+                                      "mean_of_rates_ratio": mean_of_rates(u["adaptive"], N) / mean_of_rates(u["plain"], N),
+                                      "seconds": u}
+        if "adaptive_transient" in u:
+            results["useless_drafter"].update(
+                adaptive_transient_tokens_per_s=throughput(u["adaptive_transient"], N),
+                transient_ratio=throughput(u["adaptive_transient"], N) / throughput(u["plain"], N),
+                transient_ratio_ci90=_bootstrap_ratio(u["plain"], u["adaptive_transient"], rng))
+    return results
 
-        torch.manual_seed(0)
-        junk = as_run(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(specdec.zoo.path(a.draft))).eval())
-        plain, adapt, fresh, heur = [], [], [], []
-        useless = make_policy("adaptive")
-        for rep in range(a.repeats):
-            for text in specdec.zoo.prompts(a.prompts):
-                ids = tok(text, return_tensors="pt").input_ids
-                pair = [(plain, None, 0), (adapt, junk, useless), (fresh, junk, make_policy("adaptive")),
-                        (heur, junk, make_policy("heuristic"))]
-                for out, drafter, policy in (pair if rep % 2 == 0 else pair[::-1]):
-                    out.append(run(drafter, policy, ids))
-        results["useless_drafter"] = {"target_only_tokens_per_s": throughput(plain, N),
-                                      "adaptive_tokens_per_s": throughput(adapt, N),
-                                      "heuristic_transient_tokens_per_s": throughput(heur, N),
-                                      "ratio": throughput(adapt, N) / throughput(plain, N),
-                                      "ratio_ci90": _bootstrap_ratio(plain, adapt, rng),
-                                      "mean_of_rates_ratio": mean_of_rates(adapt, N) / mean_of_rates(plain, N),
-                                      "adaptive_transient_tokens_per_s": throughput(fresh, N),
-                                      "transient_ratio": throughput(fresh, N) / throughput(plain, N),
-                                      "transient_ratio_ci90": _bootstrap_ratio(plain, fresh, rng)}
-    results["run"] = {"command": "python benchmarks/adaptive.py " + " ".join(sys.argv[1:]), "prompts": a.prompts,
-                      "repeats": a.repeats, "new_tokens": N, "draft": a.draft, "draft_dtype": a.draft_dtype,
-                      "modes": modes, "sets": list(sets)}
-    Path(a.out + ".json").write_text(json.dumps(results, indent=2))
-    print(render(results, a.out))
+
+def pool(runs):
+    """One result from several recorded runs of the same settings: their seconds concatenated, then summarize."""
+    same = ("prompts", "new_tokens", "draft", "draft_dtype", "modes", "sets")
+    first = runs[0]["run"]
+    for r in runs[1:]:
+        differ = [k for k in same if r["run"].get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"cannot pool runs whose settings differ: {', '.join(differ)}")
+    modes, sets = first["modes"], first["sets"]
+    set_secs = {name: {m: [x for r in runs for x in r[name]["seconds"][m]] for m in modes} for name in sets}
+    useless = [r.get("useless_drafter", {}).get("seconds") for r in runs]
+    useless_secs = None if not all(useless) else {m: [x for u in useless for x in u[m]] for m in useless[0]}
+    results = summarize(set_secs, useless_secs, first["new_tokens"], modes)
+    results["run"] = {**{k: first[k] for k in same}, "repeats": sum(r["run"]["repeats"] for r in runs),
+                      "pooled_from": [r["run"]["command"] for r in runs]}
+    return results
 
 
 def render(results, out):
@@ -240,7 +285,9 @@ def render(results, out):
             lines[-1] += (f" A fresh adaptive policy per call: {u['adaptive_transient_tokens_per_s']:.1f} tokens/s "
                           f"(ratio {ratio(u, 'transient_ratio')}).")
     Path(out + ".md").write_text(
-        f"# Adaptive draft length\n\n`{run['command']}`\n\nTokens/s of each prompt set: {run['prompts']} prompts x "
+        f"# Adaptive draft length\n\n`{run['command']}`\n\n"
+        + ("Pooled from " + ", ".join(f"`{c}`" for c in run["pooled_from"]) + ".\n\n" if "pooled_from" in run else "")
+        + f"Tokens/s of each prompt set: {run['prompts']} prompts x "
         f"{run['repeats']} repeats, {run['new_tokens']} new tokens each, greedy, drafter {run['draft']} "
         f"({run['draft_dtype']}); total tokens / total wall time (prefill included), i.e. the harmonic mean of the "
         "per-generation rates. Every prompt runs every mode in turn, the order rotating from prompt to prompt; "
