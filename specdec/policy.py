@@ -707,24 +707,22 @@ class AdaptivePolicy(_BasePolicy):
         rates = self.tracker.per_position
         return rates + [rates[-1]] * max(0, self.max_length - len(rates))
 
-    def speedups(self) -> list[float]:
-        """[max_length + 1] expected S(k) for k = 0..max_length under the current estimates."""
-        rates, c = self._rates_for_plan(), self.costs
+    def speedups(self, alpha: float | None = None) -> list[float]:
+        """[max_length + 1] expected S(k) for k = 0..max_length under the current estimates (at one rate
+        `alpha` for every position instead of the tracked rates, when given)."""
+        rates, c = self._rates_for_plan() if alpha is None else alpha, self.costs
         return [expected_speedup(rates, k, c.t_draft, c.t_verify, c.t_target_1) for k in range(self.max_length + 1)]
 
     def next_length(self) -> int:
         c = self.costs
         self._rates = self._rates_for_plan()
         k, s = best_length(self._rates, self.max_length, c.t_draft, c.t_verify, c.t_target_1)
-        if k == 0 and self.fallback_below < 1.0:  # hysteresis: leave speculation only when it clearly loses
+        if k == 0:  # leave speculation only when it clearly loses (hysteresis) and after exploring
             sp = self.speedups()
             k1 = max(range(1, len(sp)), key=sp.__getitem__)
-            if sp[k1] >= self.fallback_below * sp[0]:
+            close = self.fallback_below < 1.0 and sp[k1] >= self.fallback_below * sp[0]
+            if close or (self._tested < self.explore_tokens and self._prior_pays()):
                 k, s = k1, sp[k1]
-        if k == 0 and self._tested < self.explore_tokens and self._prior_pays():
-            sp = self.speedups()  # too little evidence to leave speculation: draft the best k >= 1
-            k = max(range(1, len(sp)), key=sp.__getitem__)
-            s = sp[k]
         self._probing = k == 0 and (self._probe_next or self._plain_run + 1 >= self.probe_gap())
         self._probe_next = False
         if self._probing:
@@ -736,10 +734,8 @@ class AdaptivePolicy(_BasePolicy):
     def _prior_pays(self) -> bool:
         """Whether some k >= 1 would pay, within the fallback margin, at the tracker's prior acceptance rate
         (what is assumed before any evidence) and the measured costs."""
-        a0, b0 = getattr(self.tracker, "prior", (1.0, 1.0))
-        c = self.costs
-        sp = [expected_speedup(a0 / (a0 + b0), k, c.t_draft, c.t_verify, c.t_target_1)
-              for k in range(self.max_length + 1)]
+        a0, b0 = self.tracker.prior
+        sp = self.speedups(a0 / (a0 + b0))
         return max(sp[1:]) >= self.fallback_below * sp[0]
 
     def _probe_price(self, k: int) -> float:
