@@ -182,15 +182,14 @@ def summarize(set_secs, useless_secs, N, modes):
         best_fixed_mean = max((m for m in modes if m.startswith("k=")), key=lambda m: per_run_mean[m])
         r = {"tokens_per_s": tput, "best_fixed": best_fixed, "seconds": secs,
              "mean_of_per_run_tokens_per_s": per_run_mean, "best_fixed_by_mean_of_rates": best_fixed_mean}
-        for other in (best_fixed, "heuristic", "heuristic_transient"):
-            key = "best_fixed" if other == best_fixed else other
-            # throughput ratio = time ratio: other's total seconds / adaptive's, resampled over paired runs
-            r[f"adaptive_vs_{key}"] = tput["adaptive"] / tput[other]
-            r[f"adaptive_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive"], rng)
-        for other in (best_fixed, "heuristic_transient") if fresh else ():  # a fresh policy per call
-            key = "best_fixed" if other == best_fixed else other
-            r[f"adaptive_transient_vs_{key}"] = tput["adaptive_transient"] / tput[other]
-            r[f"adaptive_transient_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs["adaptive_transient"], rng)
+        comparisons = [("adaptive", (best_fixed, "heuristic", "heuristic_transient"))]
+        comparisons += [("adaptive_transient", (best_fixed, "heuristic_transient"))] if fresh else []
+        for mine, others in comparisons:
+            for other in others:
+                key = "best_fixed" if other == best_fixed else other
+                # throughput ratio = time ratio: other's total seconds / mine, resampled over paired runs
+                r[f"{mine}_vs_{key}"] = tput[mine] / tput[other]
+                r[f"{mine}_vs_{key}_ci90"] = _bootstrap_ratio(secs[other], secs[mine], rng)
         for other in (best_fixed_mean, "heuristic"):
             key = "best_fixed" if other == best_fixed_mean else other
             r[f"mean_of_rates_adaptive_vs_{key}"] = per_run_mean["adaptive"] / per_run_mean[other]
