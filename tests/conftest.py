@@ -13,7 +13,7 @@ VOCAB = 61
 
 
 def _cfgs():
-    from transformers import (Gemma2Config, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
+    from transformers import (Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
                               Qwen3Config)
 
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -27,6 +27,10 @@ def _cfgs():
         "qwen3": ("Qwen3ForCausalLM", Qwen3Config(**common, head_dim=8)),
         "gemma2": ("Gemma2ForCausalLM", Gemma2Config(**common, head_dim=8, sliding_window=6,
                                                       attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+        # Gemma 3: sliding and global layers with their own RoPE bases, q/k norms, query_pre_attn_scalar
+        "gemma3": ("Gemma3ForCausalLM", Gemma3TextConfig(**common, head_dim=8, sliding_window=6,
+                                                          sliding_window_pattern=2, query_pre_attn_scalar=16,
+                                                          final_logit_softcapping=None)),
         "phi3": ("Phi3ForCausalLM", Phi3Config(**common)),
         "gpt2": ("GPT2LMHeadModel", GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128,
                                                bos_token_id=1, eos_token_id=2, pad_token_id=0)),

@@ -8,7 +8,7 @@ from specdec.drafters import EarlyExit
 from conftest import VOCAB, build, hf_greedy
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3", "phi3"])
 def test_early_exit_keeps_greedy_output(arch):
     target = build(arch, seed=0, layers=4)
     g = torch.Generator().manual_seed(3)
@@ -39,7 +39,7 @@ def test_early_exit_errors_name_the_problem():
         EarlyExit(build("gpt2"), 1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_entering_the_last_layers_with_the_first_layers_hidden_is_the_full_model(arch):
     """What makes KV sharing exact: last_layers(E) entered with first_layers(E)'s hidden states computes the
     full model bit for bit, and the probe says so."""

@@ -59,7 +59,7 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch):
     assert torch.equal(pages[0], pages[1])
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "phi3", "qwen3", "gpt2"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "qwen3", "gpt2"])
 def test_unsupported_architectures_keep_the_hf_path_and_the_output(arch):
     pool = PagePool(4, 8)
     draft_model = build(arch, seed=3, layers=1)

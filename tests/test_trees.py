@@ -161,7 +161,7 @@ def test_model_drafter_tree_nodes_match_dense_forwards(arch):
 # ---------------------------------------------------------------------------------- greedy: lossless
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2", "gemma3", "gpt2"])
 def test_greedy_tree_decoding_equals_target_greedy(arch):
     target = build(arch, seed=0)
     drafters = {"random": build(arch, seed=1, layers=1), "self": target, "ngram": "ngram"}
@@ -202,7 +202,7 @@ def test_kernel_path_runs_tree_drafting(monkeypatch):
     import specdec.kernels
 
     monkeypatch.setattr(specdec.kernels, "tree_attention", specdec.kernels.tree_attention_ref)
-    for arch in ("qwen2", "gemma2"):  # sliding windows; softcapping
+    for arch in ("qwen2", "gemma2", "gemma3"):  # sliding windows; softcapping
         target = build(arch, seed=0)
         ids = prompts(1, seed=7)[0]
         ref = hf_greedy(target, ids, NEW, eos_token_id=None)

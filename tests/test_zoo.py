@@ -9,11 +9,14 @@ import specdec
 from specdec.zoo import corpus
 
 
-def test_zoo_lists_a_target_and_several_drafts():
+def test_zoo_lists_a_target_and_several_drafts_then_the_real_models():
     names = specdec.zoo.names()
-    assert names[0] == "target"
-    drafts = [n for n in names if n.startswith("draft")]
-    assert len(drafts) >= 3 and len(names) == len(drafts) + 1
+    shipped = specdec.zoo.shipped()
+    assert names[0] == "target" and names[:len(shipped)] == shipped
+    drafts = [n for n in shipped if n.startswith("draft")]
+    assert len(drafts) >= 3 and len(shipped) == len(drafts) + 1
+    assert names[len(shipped):] == ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b-instruct"]
+    assert all(specdec.zoo.status(n) == "shipped" for n in shipped)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def test_tokenizer_round_trips_heldout_text(heldout_text):
 
 
 def test_cards_show_the_target_best_and_drafts_that_differ():
-    cards = {n: specdec.zoo.card(n) for n in specdec.zoo.names()}
+    cards = {n: specdec.zoo.card(n) for n in specdec.zoo.shipped()}
     t = cards.pop("target")
     assert all(t["heldout_loss"] < c["heldout_loss"] for c in cards.values())
     accs = sorted(c["acceptance_k4"] for c in cards.values())

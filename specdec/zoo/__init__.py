@@ -1,39 +1,61 @@
-"""The model zoo: a target and several drafts trained offline on the Python standard library.
+"""The one model loader: the shipped zoo and real pretrained models, by name.
 
     >>> import specdec
-    >>> specdec.zoo.names()           # ['target', 'draft-small', 'draft-tiny', 'draft-wide']
+    >>> specdec.zoo.names()   # ['target', 'draft-small', 'draft-tiny', 'draft-wide', 'smollm2-135m-instruct', ...]
     >>> model, tok = specdec.zoo.load("target")
+    >>> model, tok = specdec.zoo.load("smollm2-135m-instruct")   # materialised from its package on first use
 
-Models are ordinary HF checkpoints (safetensors) under specdec/zoo/models/<name>/, so
-`AutoModelForCausalLM.from_pretrained(specdec.zoo.path(name))` works too. How they were trained:
-specdec/zoo/train.py (`specdec zoo train`); what they measure: each model's README.md (model card).
+The zoo (a target and drafts trained offline on the Python standard library, specdec/zoo/train.py) ships
+as package data under specdec/zoo/models/<name>/: the fast fixture of the unit tests, no ground for speed
+claims. Real models (specdec/zoo/real.py) come from GGUF packages and live in SPECDEC_HOME once
+materialised. Both are ordinary HF folders: `AutoModelForCausalLM.from_pretrained(specdec.zoo.path(name))`.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from . import real
+
 MODELS_DIR = Path(__file__).parent / "models"
 PROMPTS = Path(__file__).parent / "prompts.jsonl"
 
 
-def names() -> list[str]:
-    """Shipped models: 'target' first, then the drafts (names start with 'draft')."""
+def shipped() -> list[str]:
+    """Shipped zoo models: 'target' first, then the drafts (names start with 'draft')."""
     found = sorted(p.name for p in MODELS_DIR.glob("*") if (p / "config.json").exists()) if MODELS_DIR.exists() else []
     return sorted(found, key=lambda n: (n != "target", n))
 
 
+def names() -> list[str]:
+    """Every name the loader serves: the shipped zoo, then the real models (installed or not; see status)."""
+    return shipped() + list(real.MODELS)
+
+
+def status(name: str) -> str:
+    """'shipped', 'materialised' (a real model ready to load), 'installed' (its package is, the conversion
+    runs on first use) or 'not installed'."""
+    if name in shipped():
+        return "shipped"
+    _check_name(name)
+    return "materialised" if real.is_materialised(name) else "installed" if real.is_installed(name) else "not installed"
+
+
 def path(name: str) -> Path:
-    p = MODELS_DIR / name
-    if not (p / "config.json").exists():
-        have = names()
-        raise ValueError(f"no zoo model named {name!r}; the zoo has {have}" if have else
-                         "the model zoo is empty: train it with `specdec zoo train` (see specdec/zoo/train.py)")
-    return p
+    """The model's folder; a real model is materialised first if it is not yet."""
+    if name in real.MODELS:
+        return real.path(name)
+    _check_name(name)
+    return MODELS_DIR / name
+
+
+def _check_name(name: str) -> None:
+    if name not in names():
+        raise ValueError(f"no model named {name!r}; the loader serves {names()}")
 
 
 def load(name: str, dtype=None, device: str = "cpu"):
-    """(model, tokenizer) for a zoo model, in float32 on CPU by default (weights are stored fp16)."""
+    """(model, tokenizer), in float32 on CPU by default (zoo weights are stored fp16, real ones float32)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -50,5 +72,7 @@ def prompts(n: int | None = None) -> list[str]:
 
 def card(name: str) -> dict:
     """The measured facts of a model's card (card.json), {} if not measured yet."""
+    if name not in shipped():
+        return {}
     p = path(name) / "card.json"
     return json.loads(p.read_text()) if p.exists() else {}

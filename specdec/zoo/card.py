@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import MODELS_DIR, load, names, prompts
+from . import MODELS_DIR, load, prompts, shipped
 from .corpus import EOS, read_texts
 from .train import heldout_loss
 
@@ -79,7 +79,7 @@ def measure(num_prompts: int = 16, new_tokens: int = 64, work: Path | None = Non
     # target greedy continuations, reused for teacher-forced agreement
     continuations = [specdec.generate(target, ids, max_new_tokens=new_tokens, draft_length=0) for ids in prompt_ids]
     sample = tok.decode(continuations[0][0, prompt_ids[0].shape[1]:])
-    for name in names():
+    for name in shipped():
         model, _ = (target, tok) if name == "target" else load(name)
         training = json.loads((MODELS_DIR / name / "training.json").read_text())
         loss = heldout_loss(model, heldout)
