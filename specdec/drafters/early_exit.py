@@ -85,3 +85,38 @@ class EarlyExit(ModelDrafter):
     def end(self) -> None:
         super().end()
         self._target_kv = None
+
+
+@torch.no_grad()
+def choose_exit_layer(target, sequences: list[torch.Tensor], prompt_lengths: list[int],
+                      layers: list[int] | None = None, max_k: int = 8) -> tuple[int, list[dict]]:
+    """The exit layer whose draft should pay best, from one teacher-forced target forward per sequence.
+
+    sequences: [1, T] int64 each, a prompt and the target's own greedy continuation; prompt_lengths: where
+    each continuation starts. For every candidate E, alpha_E is how often layer E's hidden state, through
+    the final norm and LM head, predicts the target's next token on the continuation, and c_E the draft
+    step's share of the target's weights (E layers plus the LM head over all layers plus the LM head).
+    Returns (best E, one row per candidate: layer, alpha, c, best k and predicted speedup)."""
+    from ..policy import ideal_speedup
+    from ..hf.layer_views import decoder_of
+
+    decoder = decoder_of(target)
+    n = len(decoder.layers)
+    layers = layers or sorted({max(1, round(n * f)) for f in (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)} - {n})
+    hits, total = {e: 0 for e in layers}, 0
+    for seq, start in zip(sequences, prompt_lengths):
+        out = target(input_ids=seq, output_hidden_states=True, use_cache=False)
+        want = out.logits[0, start - 1:-1].argmax(-1)
+        total += want.numel()
+        for e in layers:
+            guess = target.get_output_embeddings()(decoder.norm(out.hidden_states[e][0, start - 1:-1])).argmax(-1)
+            hits[e] += int((guess == want).sum())
+    layer_params = sum(p.numel() for p in decoder.layers[0].parameters())
+    head_params = target.get_output_embeddings().weight.numel()
+    rows = []
+    for e in layers:
+        alpha = hits[e] / max(1, total)
+        c = (e * layer_params + head_params) / (n * layer_params + head_params)
+        k, s = max(((k, ideal_speedup(alpha, k, c)) for k in range(1, max_k + 1)), key=lambda t: t[1])
+        rows.append({"layer": e, "alpha": alpha, "c": c, "best_k": k, "predicted_speedup": s})
+    return max(rows, key=lambda r: r["predicted_speedup"])["layer"], rows
