@@ -54,7 +54,7 @@ def cmd_demo(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    drafter = _drafter_arg(a.drafter, tok, a.draft_dtype)
+    drafter = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
     prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index]
     ids = tok(prompt, return_tensors="pt").input_ids
     draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
@@ -101,9 +101,14 @@ def _default_drafter(target: str) -> str:
     return "draft-wide" if target == "target" else "ngram"
 
 
-def _drafter_arg(spec: str, tok, dtype: str = "float32"):
+def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
+    """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target) or a draft model."""
     if spec == "ngram":
         return "ngram"
+    if spec.startswith("early-exit:"):
+        from .drafters import EarlyExit
+
+        return EarlyExit(target, exit_layer=int(spec.split(":", 1)[1]))
     drafter, dtok = _load(spec, "drafter", dtype)
     if dtok.get_vocab() != tok.get_vocab():
         raise SystemExit(f"specdec: the drafter {spec!r} uses a different tokenizer from the target's; pick a "
@@ -120,7 +125,9 @@ def cmd_bench(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    draft = _drafter_arg(a.drafter, tok, a.draft_dtype)
+    if a.drafter.startswith("early-exit:"):
+        raise SystemExit("specdec: bench runs early exit as a mode of its own: pass --early-exit LAYER (or auto)")
+    draft = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
     chat = bool(getattr(tok, "chat_template", None)) if a.chat == "auto" else a.chat == "yes"
     prompts = load_prompts(tok, a.prompts, a.num_prompts, chat=chat)
     exit_layer, exit_rows = _exit_layer(a.early_exit, target, prompts, a.max_new_tokens)
@@ -139,8 +146,10 @@ def cmd_bench(a) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
-    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), drafter {a.drafter} "
-                                      f"({a.draft_dtype}, the same for HF assisted), "
+    drafter = (f"drafter ngram (prompt lookup; HF prompt lookup at k = {max(a.k)})" if draft == "ngram" else
+               f"drafter {a.drafter} ({a.draft_dtype}, the same for HF assisted)")
+    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
+                                      f"{', chat template' if chat else ''}, "
                                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
                                       f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
     print(md)
@@ -172,14 +181,22 @@ def cmd_select(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    names = a.drafts or [n for n in zoo.names() if n.startswith("draft")]
+    layers = target.config.get_text_config().num_hidden_layers
+    names = a.drafts or ([n for n in zoo.shipped() if n.startswith("draft")] if a.target == "target" else
+                         ["ngram", f"early-exit:{layers // 2}", f"early-exit:{3 * layers // 4}"])
     drafts = {}
     for n in names:
+        if n == "ngram" or n.startswith("early-exit:"):
+            drafts[n] = _drafter_arg(n, tok, target=target)
+            continue
         model, dtok = _load(n, "draft", a.draft_dtype)
         if dtok.get_vocab() != tok.get_vocab():
             print(f"specdec: skipping {n}: its tokenizer differs from the target's")
             continue
         drafts[n] = model
+    if not drafts:
+        raise SystemExit("specdec: no candidate draft shares the target's tokenizer; pass --drafts ngram "
+                         "early-exit:LAYER or a draft trained with the target's tokenizer")
     temps = [float(t) for t in a.temperatures.split(",")]
     report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
                           a.max_new_tokens)
@@ -196,7 +213,7 @@ def cmd_chat(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
-    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype),
+    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype, target),
                           system=a.system)
     run_cli(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)
 
@@ -260,7 +277,7 @@ def _add_sampling_args(parser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
 
 
-DRAFTER_HELP = ("model name, local directory, hub id, or 'ngram'; default 'auto': draft-wide for the zoo target, "
+DRAFTER_HELP = ("model name, local directory, hub id, 'ngram' or 'early-exit:LAYER'; default 'auto': draft-wide for the zoo target, "
                "ngram for any other (a real model has no same-tokenizer draft yet)")
 
 
@@ -304,7 +321,9 @@ def main(argv=None) -> None:
     _add_draft_dtype_arg(b)
     s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
     s.add_argument("--target", default="target")
-    s.add_argument("--drafts", nargs="*", help="zoo names, directories or hub ids (default: every zoo draft)")
+    s.add_argument("--drafts", nargs="*", help="model names, directories, hub ids, 'ngram' or 'early-exit:LAYER' "
+                                               "(default: every zoo draft for the zoo target; ngram and early exit "
+                                               "at half and three quarters of the depth for any other)")
     s.add_argument("--prompts", default=None)
     s.add_argument("--num-prompts", type=int, default=3)
     s.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")

@@ -38,8 +38,9 @@ def _line(points: dict[int, float]) -> tuple[float, float]:
 
 def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures=(0.0,), max_k: int = 6,
                  new_tokens: int = 64, progress: bool = True) -> dict:
-    """drafts: {name: model}. prompts: [1, T] int64 each. Returns the report dict."""
+    """drafts: {name: draft model, Drafter or "ngram"}. prompts: [1, T] int64 each. Returns the report dict."""
     from tqdm import tqdm
+    from transformers import PreTrainedModel
 
     import specdec
 
@@ -48,7 +49,7 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
     report = {"drafts": {}, "skipped": {}}
     ok = {}
     for name, model in drafts.items():
-        if vocab_size_of(model) != vocab_size_of(target):
+        if isinstance(model, PreTrainedModel) and vocab_size_of(model) != vocab_size_of(target):
             report["skipped"][name] = (f"vocabulary size {vocab_size_of(model)} differs from the target's "
                                        f"{vocab_size_of(target)}")
         else:

