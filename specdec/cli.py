@@ -144,11 +144,13 @@ def cmd_bench(a) -> None:
                            f"{r['predicted_speedup']:.3f} |" for r in exit_rows))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    stem = out.with_suffix("") if out.suffix in (".md", ".json") else out  # a dotted name (qwen2.5) keeps its dot
+    out_json, out_md = stem.parent / (stem.name + ".json"), stem.parent / (stem.name + ".md")
+    out_json.write_text(json.dumps(report, indent=2))
     cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
     drafter = (f"drafter ngram (prompt lookup; HF prompt lookup at k = {max(a.k)})" if draft == "ngram" else
                f"drafter {a.drafter} ({a.draft_dtype}, the same for HF assisted)")
-    out.with_suffix(".md").write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
+    out_md.write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
                                       f"{', chat template' if chat else ''}, "
                                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
                                       f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")

@@ -144,3 +144,20 @@ def test_early_exit_sharing_with_trees_sampling_and_kept_chat_cache():
     sampled = specdec.generate(target, ids, drafter=EarlyExit(target, 2), max_new_tokens=20, do_sample=True,
                                eos_token_id=None)
     assert sampled.shape == (1, 28)
+
+
+def test_choose_exit_layer_finds_the_cheapest_layer_that_already_predicts_like_the_target():
+    from specdec.drafters.early_exit import choose_exit_layer
+
+    target = build("llama", seed=0, layers=4, scale=3.0)
+    with torch.no_grad():  # layers 2 and 3 add nothing to the residual stream: layer 2's state is the final one
+        for layer in target.model.layers[2:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    seq = hf_greedy(target, ids, 24, eos_token_id=None)
+    best, rows = choose_exit_layer(target, [seq], [ids.shape[1]], layers=[1, 2, 3])
+    by_layer = {r["layer"]: r for r in rows}
+    assert by_layer[2]["alpha"] == 1.0 and by_layer[3]["alpha"] == 1.0 and by_layer[1]["alpha"] < 1.0
+    assert by_layer[2]["c"] < by_layer[3]["c"]
+    assert best == 2
