@@ -8,7 +8,7 @@ alpha, tau, mean draft length, TTFT, TPOT, prefill and decode time, peak memory,
 the ideal speedup S = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)) reached from measured alpha and c.
 Greedy modes are checked token for token against target-only output; a mismatch is reported loudly.
 Beside TPOT stands the physical limit of a plain decode step on this machine: the bytes of weights one
-step reads over the memory bandwidth measured in the same run (a large-tensor copy).
+step reads over the fastest memory bandwidth measured in the same run (copy, streaming read, matrix-vector).
 """
 from __future__ import annotations
 
@@ -149,12 +149,16 @@ def weight_bytes_per_step(model) -> int:
 
 
 def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> dict:
-    """Bytes/s with this process's torch threads, best of `repeats`, over a tensor far larger than any cache:
-    'copy' (a large-tensor copy, counted as read + write; write-allocate traffic is not counted, so it
-    understates what the memory delivers) and 'read' (a sum, which only streams the tensor in, as a decode
-    step's matrix-vector products stream the weights)."""
+    """Bytes/s with this process's torch threads, best of `repeats`, over tensors far larger than any cache.
+
+    'copy': a large-tensor copy, counted as read + write (write-allocate traffic uncounted, so it
+    understates the memory); 'read': a sum, which only streams its tensor in; 'matvec': a float32
+    matrix-vector product over an nbytes matrix (0.5 flop per byte, far from compute-bound), the access
+    pattern of a decode step at the BLAS kernel's best prefetching. On this project's CPU the matvec
+    streams fastest (about 1.5x the sum), so the limit uses the largest of the three."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
+    matrix, vector = src.view(4096, -1), torch.ones(src.numel() // 4096)
 
     def best(fn) -> float:
         times = []
@@ -164,11 +168,12 @@ def memory_bandwidth(nbytes: int = 1 << 29, repeats: int = 5) -> dict:
             times.append(time.perf_counter() - t0)
         return min(times)
 
-    return {"copy": 2 * nbytes / best(lambda: dst.copy_(src)), "read": nbytes / best(src.sum)}
+    return {"copy": 2 * nbytes / best(lambda: dst.copy_(src)), "read": nbytes / best(src.sum),
+            "matvec": nbytes / best(lambda: matrix @ vector)}
 
 
 def decode_limit(report: dict, weight_bytes: int, bandwidth: dict) -> dict:
-    """The physical limit of a plain decode step (weights read per token / the faster measured bandwidth)
+    """The physical limit of a plain decode step (weights read per token / the fastest measured bandwidth)
     beside each mode's TPOT. target-only has no stats: its TPOT is 1 / tokens_per_s (its prefill included)."""
     limit = weight_bytes / max(bandwidth.values())
     tpot = {name: r.get("tpot_s") or 1.0 / r["tokens_per_s"] for name, r in report["modes"].items()}
@@ -255,8 +260,9 @@ def to_markdown(report: dict) -> str:
         best = min(over, key=over.get)
         bw = lim["bandwidth_bytes_per_s"]
         lines += ["", f"Physical limit of a plain decode step here: {lim['weight_bytes'] / 1e6:.0f} MB of weights per "
-                  f"token / {max(bw.values()) / 1e9:.1f} GB/s (memory bandwidth measured in this run: large-tensor "
-                  f"copy {bw['copy'] / 1e9:.1f} GB/s counting read + write, streaming read {bw['read'] / 1e9:.1f} GB/s) = "
+                  f"token / {max(bw.values()) / 1e9:.1f} GB/s (memory bandwidth measured in this run, the fastest of: "
+                  f"large-tensor copy {bw['copy'] / 1e9:.1f} GB/s counting read + write, streaming read (sum) "
+                  f"{bw['read'] / 1e9:.1f} GB/s, float32 matrix-vector product {bw['matvec'] / 1e9:.1f} GB/s) = "
                   f"**{lim['limit_tpot_s'] * 1e3:.2f} ms per token**. Plain decoding runs at "
                   f"{over['target-only']:.2f}x that line (target-only), {over.get('specdec plain', float('nan')):.2f}x "
                   f"(specdec plain); the fastest mode, {best}, at {over[best]:.2f}x"
@@ -266,6 +272,12 @@ def to_markdown(report: dict) -> str:
               "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
               "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "
               "growing with k."]
+    if report.get("exit_layer_choice"):
+        lines += ["", "Early-exit layer choice (teacher-forced on the first prompts' target continuations; c = the "
+                  "draft step's share of the weights):", "", "| layer | alpha | c | best k | predicted speedup |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['alpha']:.3f} | {r['c']:.2f} | {r['best_k']} | {r['predicted_speedup']:.3f} |"
+                  for r in report["exit_layer_choice"]]
     return "\n".join(lines)
 
 

@@ -53,3 +53,29 @@ def test_bench_with_a_low_precision_draft_keeps_the_float32_targets_output(tmp_p
     assert report["draft_dtype"] == dtype and f"({dtype}" in out.with_suffix(".md").read_text()
     assert all(r["mismatches"] == 0 for r in report["modes"].values())
     assert report["modes"]["specdec k=2"]["alpha"] > 0  # the low-precision draft still agrees with the target
+
+
+def test_bench_without_a_draft_model_runs_ngram_at_each_k_early_exit_and_the_decode_limit(tmp_path):
+    out = tmp_path / "bench.v1"  # a dotted name keeps its dot: bench.v1.json, not bench.json
+    main(["bench", "--drafter", "ngram", "--early-exit", "auto", "--k", "2", "3", "--num-prompts", "1",
+          "--repeats", "1", "--max-new-tokens", "8", "--out", str(out), "--threads", "1"])
+    report = json.loads((tmp_path / "bench.v1.json").read_text())
+    modes = report["modes"]
+    exits = [m for m in modes if m.startswith("specdec early exit L=")]
+    assert {"specdec ngram k=2", "specdec ngram k=3", "specdec ngram", "HF prompt lookup"} <= set(modes)
+    assert len(exits) == 1 and all(r["mismatches"] == 0 for r in modes.values())
+    best = max(report["exit_layer_choice"], key=lambda r: r["predicted_speedup"])
+    assert exits[0] == f"specdec early exit L={best['layer']}"
+    lim = report["decode_limit"]
+    assert lim["weight_bytes"] > 1e7 and set(lim["bandwidth_bytes_per_s"]) == {"copy", "read", "matvec"}
+    assert lim["tpot_over_limit"]["target-only"] * lim["limit_tpot_s"] == pytest.approx(
+        1 / modes["target-only"]["tokens_per_s"])
+    md = (tmp_path / "bench.v1.md").read_text()
+    assert "Physical limit of a plain decode step" in md and "Early-exit layer choice" in md
+
+
+def test_select_draft_ranks_drafters_that_are_not_models(tmp_path):
+    main(["select-draft", "--drafts", "ngram", "early-exit:3", "--num-prompts", "1", "--max-k", "2",
+          "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(report["ranking"]) == ["early-exit:3", "ngram"] and not report["skipped"]

@@ -36,3 +36,15 @@ def test_missing_model_is_one_clear_line():
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert "is neither a model name" in r.stderr and "smollm2-135m-instruct" in r.stderr
+
+
+def test_the_demos_default_output_is_not_a_degenerate_loop():
+    """The zoo target loops on most held-out text; the demo's default prompt and length must not show it."""
+    import specdec
+    from specdec.cli import DEMO_NEW_TOKENS, DEMO_PROMPT_INDEX
+
+    target, tok = specdec.zoo.load("target")
+    ids = tok(specdec.zoo.prompts()[DEMO_PROMPT_INDEX], return_tensors="pt").input_ids
+    out = specdec.generate(target, ids, max_new_tokens=DEMO_NEW_TOKENS, draft_length=0)[0, ids.shape[1]:].tolist()
+    grams = [tuple(out[i:i + 4]) for i in range(len(out) - 3)]
+    assert len(out) == DEMO_NEW_TOKENS and 1 - len(set(grams)) / len(grams) < 0.1  # prompt 0, the old default, fails it
