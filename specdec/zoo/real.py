@@ -286,7 +286,7 @@ class _Stages:
     def next(self) -> None:
         self.i += 1
         if self.i < len(self.names):
-            self.bar.set_description(f"{self.title} [{self.names[self.i]}]", refresh=False)
+            self.bar.set_description_str(f"{self.title} [{self.names[self.i]}]", refresh=False)
         self.bar.update(1)
 
     def __enter__(self):
