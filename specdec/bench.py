@@ -282,8 +282,8 @@ def to_markdown(report: dict) -> str:
 
 
 def load_prompts(tok, path: str | None, n: int, chat: bool = False) -> list[torch.Tensor]:
-    """[1, T] int64 per prompt: the first n of each comma-separated JSONL file. chat: each prompt is a user message rendered by the tokenizer's chat template
-    (ValueError where it has none)."""
+    """[1, T] int64 per prompt: the first n of each comma-separated JSONL file. chat: each prompt is a user
+    message rendered by the tokenizer's chat template (ValueError where it has none)."""
     from . import zoo
 
     paths = path.split(",") if path else []

