@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache.pool import BlockTable, PagePool
-from .drafters.base import Draft, DraftContext
+from .drafters.base import Draft, DraftContext, FeatureDrafter
 from .hf.attention import specdec_attention
+from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
 from .hf.runner import ModelRunner, max_positions_of
 from .processing import LogitsPipeline
@@ -50,6 +51,7 @@ class _Kept:
     table: BlockTable
     target: ModelRunner
     tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
+    features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -92,6 +94,9 @@ class Engine:
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
         self.target_runner: ModelRunner | None = None  # the current generation's target runner
         self.lean = lean  # run the target through hf/lean.py where its probe proves it bit-identical
+        # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
+        self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
+        self.features: FeatureLog | None = None  # the current generation's, when feature_layers
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -129,6 +134,7 @@ class Engine:
             target.rollback(reuse)
             table.truncate(reuse)
             self.reused_tokens = reuse
+            features = kept.features
         else:
             budget = (max_pos or 4096) if self.keep_cache else T + limits.max_new_tokens
             pool = self._pool_for(budget + max_draft + 2)
@@ -136,6 +142,12 @@ class Engine:
             target = (LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True) if self.lean else
                       None) or ModelRunner(self.target, pool, table, self.kernel)
             self.reused_tokens = 0
+            features = None
+        target.capture = self.feature_layers
+        if self.feature_layers:
+            features = features or FeatureLog()
+            features.rollback(target.valid)
+        self.features = features
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
         stats = SpecStats(prompt_tokens=T)
         stats.reused_prompt_tokens = target.valid
@@ -145,7 +157,10 @@ class Engine:
         try:
             with specdec_attention(self.target, draft_model):
                 t0 = time.perf_counter()
-                logits = target.forward(prompt[target.valid:], logits_rows=1)
+                start = target.valid
+                logits = target.forward(prompt[start:], logits_rows=1)
+                if features is not None:
+                    features.write(start, target.last_features)
                 stats.prefill_s = time.perf_counter() - t0
                 scores = pipeline(logits, prompt, [[]])
                 first = self._pick(scores, sampling, generator)
@@ -158,6 +173,8 @@ class Engine:
                 if self.drafter is not None:  # the drafter's own prefill, after the first token is out
                     t_draft = time.perf_counter()
                     began = True
+                    if features is not None:
+                        self.drafter.attach(features)
                     self.drafter.begin(self, table, prompt)
                     stats.prefill_s += time.perf_counter() - t_draft
                 done = self._stops(tokens, T, limits, scores[:1])
@@ -180,7 +197,9 @@ class Engine:
                 if began:
                     self.drafter.accept(len(tokens))
                 table.truncate(target.valid)
-                self._kept = _Kept(table, target, tokens)
+                if features is not None:
+                    features.rollback(target.valid)
+                self._kept = _Kept(table, target, tokens, features)
             else:
                 if began:
                     self.drafter.end()
@@ -250,6 +269,8 @@ class Engine:
                 self._compact(drafter_kv, table, L, result.path)
         new = [toks[i] for i in result.path] + [result.next_token]
         target.rollback(L + 1 + m)
+        if self.features is not None:  # the root's and the accepted nodes' features: positions L .. L + m
+            self.features.write(L, target.last_features[[0] + [i + 1 for i in result.path]])
         # commit token by token so EOS / stopping criteria end generation exactly where HF would
         done = False
         emitted = 0

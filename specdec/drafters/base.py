@@ -96,3 +96,19 @@ class Drafter(Protocol):
     def accept(self, num_context_tokens: int) -> None: ...
 
     def end(self) -> None: ...
+
+
+@runtime_checkable
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that reads the target's own features (a feature head, drafters/feature_head.py).
+
+    feature_layers: which of the target's layers it reads (hf/features.py: 1..L, L = the final norm's
+        output); the engine has the target's runner capture exactly those in the forwards it runs anyway
+    attach(features): called before begin() with the generation's FeatureLog, which holds the features of
+        every position the target has run ([0, the target's KV length)): the prefill's rows, then after
+        each verification the accepted path's. The drafter only reads it.
+    """
+
+    feature_layers: tuple
+
+    def attach(self, features) -> None: ...

@@ -141,6 +141,8 @@ class LeanRunner(ModelRunner):
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
         meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions,
                         block_pos=block_pos)
+        want = set(self.capture)
+        kept: dict[int, torch.Tensor] = {}
         for i, L in enumerate(self.layers[first:], start=first):
             h = _rms(L.ln1, x)
             q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
@@ -154,6 +156,11 @@ class LeanRunner(ModelRunner):
             x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             h = _rms(L.ln2, x)
             x = x + L.down(L.act(L.gate(h)) * L.up(h))
+            if i + 1 in want and i + 1 < len(self.layers):
+                kept[i + 1] = x
+        if want:
+            kept[len(self.layers)] = _rms(self.final_norm, x)
+            self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
         rows = x if logits_rows is None else (x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows])
         return self.head(_rms(self.final_norm, rows)).float()
 

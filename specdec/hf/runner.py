@@ -45,6 +45,10 @@ class ModelRunner:
         self.kernel = kernel
         self.num_layers = self.kv.num_layers
         self._tails: dict[int, object] = {}  # start_layer -> layer view (see hf/layer_views.py)
+        # feature layers (hf/features.py) a feature-head drafter reads; each forward then leaves them,
+        # one row per token it ran, in last_features [n, F]
+        self.capture: tuple[int, ...] = ()
+        self.last_features: torch.Tensor | None = None
 
     @property
     def valid(self) -> int:
@@ -118,9 +122,17 @@ class ModelRunner:
         self.cache.meta = meta
         keep = 0 if logits_rows is None else logits_rows
         inputs = dict(input_ids=tokens[None]) if hidden is None else dict(inputs_embeds=hidden[None])
-        out = self._model_from(start_layer if hidden is not None else 0)(
-            **inputs, position_ids=positions[None], cache=self.cache, use_cache=True, specdec_meta=meta,
-            logits_to_keep=keep)
+        model = self._model_from(start_layer if hidden is not None else 0)
+        kwargs = dict(position_ids=positions[None], cache=self.cache, use_cache=True, specdec_meta=meta,
+                      logits_to_keep=keep)
+        if self.capture:
+            from .features import FeatureCapture
+
+            with FeatureCapture(self.model, self.capture) as cap:
+                out = model(**inputs, **kwargs)
+            self.last_features = cap.features()[0]
+        else:
+            out = model(**inputs, **kwargs)
         layers = self.num_layers - (start_layer if hidden is not None else 0)
         if meta.calls != layers:
             raise RuntimeError(

@@ -1,0 +1,219 @@
+"""`FeatureHead`: the EAGLE-family drafter, a small head that reads the target's own features.
+
+The network is drafters/head_model.py; this module runs it over the paged cache. The head's decoder
+layer keeps its KV in its own page tensors on the shared block table, one entry per sequence position:
+entry p reads [the target's feature of p, token p + 1] and predicts the feature of p + 1 (so token
+p + 2). The engine hands the target's features through a FeatureLog (hf/features.py) filled from the
+forwards the target runs anyway; the head's valid entries are exactly the positions whose features it
+has, [0, root) after each step, and everything it drafts past them is scratch rewritten next step.
+
+Per proposal: one catch-up forward over the newly verified positions (its last row drafts token 1),
+then one forward per further chain token, or, for a tree (EAGLE-2), one forward per depth over the
+frontier with the tree mask. Draft logits cover the head's draft vocabulary only; they are scattered
+into the full vocabulary (-inf elsewhere) before the engine's logits processing, so the sampled
+proposal's q is the head's processed distribution over its subset, zero outside: verification is exact.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from ..cache.paged import PagedKV
+from ..tree import TreeGrower, TreeSpec
+from ..verifiers.sampling import probs_from_scores, sample
+from .base import Draft, DraftContext
+from .head_model import HeadConfig, HeadNet, fingerprint
+
+CONFIG_NAME, WEIGHTS_NAME = "head_config.json", "head.safetensors"
+
+
+class FeatureHead:
+    """Draft with a trained feature head for `target` (see the module docstring).
+
+    FeatureHead.from_pretrained(dir, target) loads a head saved by the trainer and refuses one trained
+    for another target; FeatureHead(net, target) wraps a HeadNet in memory (tests, the trainer)."""
+
+    def __init__(self, net: HeadNet, target):
+        self.net = net.eval()
+        self.target = target
+        dtype = next(target.parameters()).dtype
+        self.net.to(device=next(target.parameters()).device, dtype=dtype)
+        self.net.bind(target)
+        self.feature_layers = tuple(net.config.feature_layers)
+        self.vocab_size = net.config.vocab_size
+        self.deterministic = False
+        self.kv: PagedKV | None = None
+        self.table = None
+        self.features = None
+        self.tree_kv = None  # tree nodes are scratch, rewritten by the next catch-up: nothing to move
+
+    # -- loading ---------------------------------------------------------------------------------
+    @staticmethod
+    def from_pretrained(path, target, check_fingerprint: bool = True) -> "FeatureHead":
+        path = Path(path)
+        if not (path / CONFIG_NAME).exists() or not (path / WEIGHTS_NAME).exists():
+            raise ValueError(f"{path} is not a feature head folder: it needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+        config = HeadConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
+        check_head_matches(config, target, check_fingerprint, path)
+        net = HeadNet(config)
+        state = load_file(str(path / WEIGHTS_NAME))
+        missing, unexpected = net.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                                   for k, v in state.items()}, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {unexpected}")
+        return FeatureHead(net, target)
+
+    # -- the Drafter protocol --------------------------------------------------------------------
+    def attach(self, features) -> None:
+        self.features = features
+
+    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+        """Bind our pages; catch up on the prompt's positions whose next token is known (all but the last)."""
+        if self.features is None:
+            raise ValueError("FeatureHead needs the target's features: run it through specdec's engine "
+                             "(generate / wrap / hf_custom_generate), which attaches them")
+        if self.kv is not None and self.table is table:  # a kept sequence (chat): keep our entries
+            self.kv.valid = min(self.kv.valid, engine.reused_tokens)
+        else:
+            self.table = table
+            self.kv = PagedKV(table.pool, len(self.net.layers), next(self.target.parameters()).device)
+        if prompt is not None and prompt.numel() - 1 > self.kv.valid:
+            self._catch_up(prompt)
+
+    def accept(self, num_context_tokens: int) -> None:
+        self.kv.valid = min(self.kv.valid, num_context_tokens - 1)
+
+    def end(self) -> None:
+        self.kv = self.table = self.features = None
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        greedy = not ctx.sampling.do_sample
+        self.deterministic = greedy
+        stop = ctx.should_continue
+        device = ctx.tokens.device
+        feat, scores = self._catch_up(ctx.tokens)  # the root's predicted feature [1, H] and its draft scores
+        pos = self.kv.valid  # the first scratch position
+        out: list[int] = []
+        qs = []
+        for i in range(budget):
+            scores = ctx.process(scores, ctx.tokens, [out])
+            if greedy:
+                x = int(scores[0].argmax())
+                conf = float(torch.softmax(scores[0], -1)[x]) if stop is not None else 1.0
+            else:
+                q = probs_from_scores(scores)
+                x = int(sample(q, ctx.generator)[0])
+                qs.append(q[0])
+                conf = float(q[0, x])
+            out.append(x)
+            if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
+                break
+            p = pos + i
+            self.table.reserve(p + 1)
+            slots = self.table.slots(0, p + 1)
+            feat = self._run(feat, torch.tensor([x], device=device), torch.tensor([p], device=device),
+                             slots[-1:], slots, None)
+            scores = self._full_scores(feat)
+        tokens = torch.tensor(out, dtype=torch.long, device=device)
+        return Draft.chain(tokens, None if greedy else torch.stack(qs))
+
+    @torch.no_grad()
+    def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
+        """EAGLE-2: expand by path probability (TreeGrower), one head forward per depth over the frontier."""
+        device = ctx.tokens.device
+        self.deterministic = True
+        grower = TreeGrower(spec, budget)
+        if grower.budget <= 0:
+            return Draft.empty(device)
+        root_feat, scores = self._catch_up(ctx.tokens)
+        frontier = grower.expand(probs_from_scores(ctx.process(scores, ctx.tokens, [[]])))
+        base = self.kv.valid  # a depth-d node's entry sits at position base + d - 1
+        written: list[int] = []
+        slot: dict[int, int] = {}
+        pred: dict[int, torch.Tensor] = {-1: root_feat[0]}  # node -> its predicted feature [H]
+        while frontier and grower.level < spec.depth:
+            m, f = len(written), len(frontier)
+            mask = torch.zeros(f, base + m + f, dtype=torch.bool)
+            mask[:, :base] = True
+            paths = []
+            for row, node in enumerate(frontier):
+                path = grower.path(node)
+                mask[row, [base + slot[a] for a in path[:-1]]] = True
+                mask[row, base + m + row] = True
+                paths.append([grower.tokens[a] for a in path])
+            for node in frontier:
+                slot[node] = len(written)
+                written.append(node)
+            self.table.reserve(base + m + f)
+            slots = self.table.slots(0, base + m + f)
+            feats = torch.stack([pred[grower.parents[a]] for a in frontier])
+            tokens = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long, device=device)
+            positions = torch.tensor([base + grower.depth[a] - 1 for a in frontier], device=device)
+            out = self._run(feats, tokens, positions, slots[base + m:], slots, mask.to(device))
+            for row, node in enumerate(frontier):
+                pred[node] = out[row]
+            frontier = grower.expand(probs_from_scores(ctx.process(self._full_scores(out), ctx.tokens, paths)))
+        toks, parents = grower.result()
+        return Draft(torch.tensor(toks, dtype=torch.long, device=device),
+                     torch.tensor(parents, dtype=torch.long, device=device), None,
+                     scores=torch.tensor(grower.kept_scores, dtype=torch.float32))
+
+    # -- the head over the paged cache -----------------------------------------------------------
+    def _catch_up(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entries for positions [valid, T - 1) of the context tokens [T] (features from the log); returns
+        the last entry's predicted feature [1, H] (the root's) and its full-vocabulary scores [1, V]."""
+        start, end = self.kv.valid, tokens.numel() - 1
+        if end <= start:  # nothing new (e.g. a step right after a kept prefix): re-run the last entry
+            start = end - 1
+        self.table.reserve(end)
+        slots = self.table.slots(0, end)
+        feats = self.net.project(self.features.rows(start, end).to(next(self.net.parameters()).dtype))
+        positions = torch.arange(start, end, device=tokens.device)
+        mask = torch.ones(end - start, end, dtype=torch.bool, device=tokens.device).tril_(start)
+        out = self._run(feats, tokens[start + 1:end + 1], positions, slots[start:end], slots, mask)
+        self.kv.valid = end
+        return out[-1:], self._full_scores(out[-1:])
+
+    def _run(self, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
+        """feats [n, H] (projected or predicted), tokens [n], positions [n] -> predicted features [n, H].
+        mask [n, len(read_slots)] bool, None = every read slot visible."""
+        net = self.net
+        x = net.inputs(feats, tokens)[None]  # [1, n, H]
+        cos, sin = net.rope(positions, x.dtype)
+        cos, sin = cos[None, None], sin[None, None]
+        attn_mask = None if mask is None else mask[None, None]
+        for i, layer in enumerate(net.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            self.kv.write(i, write_slots, k, v)
+            keys, vals = self.kv.gather(i, read_slots)
+            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
+            x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
+        return net.norm(x[0])
+
+    def _full_scores(self, feat: torch.Tensor) -> torch.Tensor:
+        """Predicted features [r, H] -> draft logits over the full vocabulary [r, V], -inf off the subset."""
+        sub = self.net.logits(feat)
+        if sub.shape[-1] == self.vocab_size:
+            return sub
+        full = sub.new_full((sub.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.net.vocab_ids, sub)
+
+
+def check_head_matches(config: HeadConfig, target, check_fingerprint: bool, where="the head") -> None:
+    """ValueError naming the mismatch when a head was trained for another target."""
+    cfg = target.config.get_text_config()
+    have = {"architecture": type(target).__name__, "hidden size": cfg.hidden_size, "vocabulary": cfg.vocab_size,
+            "layers": cfg.num_hidden_layers}
+    want = {"architecture": config.target_architecture, "hidden size": config.hidden_size,
+            "vocabulary": config.vocab_size, "layers": config.num_target_layers}
+    diff = [f"{k} {want[k]} (target: {have[k]})" for k in want if want[k] != have[k]]
+    if not diff and check_fingerprint and config.target_fingerprint and config.target_fingerprint != fingerprint(target):
+        diff = [f"weights fingerprint {config.target_fingerprint} (target: {fingerprint(target)})"]
+    if diff:
+        raise ValueError(f"{where} was trained for another target: " + "; ".join(diff) +
+                         ". Train a head for this target with `specdec train-head --target ...`")

@@ -1,0 +1,282 @@
+"""Train a feature head (drafters/head_model.py) for a target: `specdec train-head` and `train_head()`.
+
+Loss per unrolled step j (weight 0.8^j, training-time test over `ttt` steps): smooth-L1 between the
+head's predicted top feature and the target's, plus `ce_weight` x the cross-entropy of the head's draft
+distribution against the target's own (its LM head over the true feature), both on the draft vocabulary.
+
+Seeded and resumable: batch i comes from a generator seeded by (seed, i); the checkpoint
+(work/checkpoint.safetensors + .json: head, AdamW state, step) is written atomically every few
+minutes, so a resumed run sees exactly the batches, and logs exactly the losses, an uninterrupted one
+would. work/log.jsonl has the losses and, every eval_every steps, held-out acceptance by position.
+The finished head is saved to `out` (head.safetensors in fp16, head_config.json).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..drafters.head_model import HeadConfig, HeadNet
+from . import head_data
+
+
+@dataclass
+class HeadTrainArgs:
+    target: str                  # a zoo / real model name or a local HF folder
+    out: Path
+    work: Path
+    steps: int = 3000
+    batch: int = 8
+    seq_len: int = 256
+    lr: float = 5e-4
+    warmup: int = 100
+    ttt: int = 3                 # unrolled steps (training-time test); 1 = EAGLE-1 teacher forcing
+    ce_weight: float = 0.1
+    draft_vocab: int = 8192      # 0 = the whole vocabulary
+    fusion: bool = False
+    num_layers: int = 1
+    num_prompts: int = 1200
+    max_new_tokens: int = 160
+    num_text_chunks: int = 200
+    text_tokens: int = 256
+    gen_batch: int = 16
+    seed: int = 0
+    threads: int = 2
+    ckpt_minutes: float = 5.0
+    eval_every: int = 250
+    log_every: int = 10
+
+
+def load_target(name_or_dir: str):
+    from .. import zoo
+
+    path = Path(name_or_dir)
+    if not path.is_dir():
+        model, tok = zoo.load(name_or_dir)
+        return model, tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+def check_target(target) -> None:
+    """A target the head can read features from: a decoder with `model.layers`, a final norm, an LM head."""
+    from ..hf.layer_views import decoder_of
+
+    decoder = decoder_of(target)
+    if getattr(decoder, "norm", None) is None or target.get_output_embeddings() is None:
+        raise ValueError(f"{type(target).__name__} has no final norm or LM head to read features from")
+
+
+def loss_terms(net: HeadNet, feats, next_tokens, mask, ttt: int, ce_weight: float):
+    """feats [B, T+1, F] fp32, next_tokens [B, T], mask [B, T] bool (valid targets) -> (loss, per-step stats)."""
+    H = net.config.hidden_size
+    inputs, top_next = feats[:, :-1], feats[:, 1:, -H:]
+    with torch.no_grad():
+        p = torch.softmax(net.target_logits(top_next), -1)
+    outs = net.unroll(inputs, next_tokens, ttt)
+    total = 0.0
+    stats = []
+    for j, out in enumerate(outs):
+        m = mask.clone()
+        m[:, :j] = False
+        denom = m.sum().clamp_min(1)
+        reg = (F.smooth_l1_loss(out, top_next, reduction="none").mean(-1) * m).sum() / denom
+        logq = torch.log_softmax(net.logits(out), -1)
+        ce = (-(p * logq).sum(-1) * m).sum() / denom
+        agree = ((logq.argmax(-1) == p.argmax(-1)) & m).sum() / denom
+        total = total + (0.8 ** j) * (reg + ce_weight * ce)
+        stats.append({"reg": reg.item(), "ce": ce.item(), "agree": agree.item()})
+    return total, stats
+
+
+def make_batch(data: head_data.Dataset, step: int, args: HeadTrainArgs):
+    """Batch `step`: `batch` random windows of at most seq_len + 1 positions, right-padded."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    picks = torch.randint(len(data.train), (args.batch,), generator=g).tolist()
+    rows = []
+    for i in picks:
+        toks, feats, loss_from = data.train[i]
+        n = len(toks)
+        w = min(args.seq_len, n - 1)
+        lo = max(0, min(loss_from - 2, n - 1 - w)) if loss_from else 0  # start near the answer
+        s = lo + int(torch.randint(max(1, n - 1 - w - lo + 1), (1,), generator=g))
+        rows.append((toks[s + 1:s + w + 1], feats[s:s + w + 1], max(0, loss_from - 2 - s)))
+    T = max(len(r[0]) for r in rows)
+    Fdim = rows[0][1].shape[-1]
+    feats = torch.zeros(len(rows), T + 1, Fdim)
+    toks = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, (t, f, first) in enumerate(rows):
+        feats[b, :len(f)] = f.float()
+        toks[b, :len(t)] = t
+        mask[b, first:len(t)] = True
+    return feats, toks, mask
+
+
+@torch.no_grad()
+def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int = 5, max_seqs: int = 24) -> dict:
+    """Greedy chain acceptance on held-out answers: accept[j] = P(the first j + 1 drafted tokens all equal
+    the target's argmax), from the unrolled head (drafting from every answer position); tau = 1 + sum."""
+    head_w = target.get_output_embeddings().weight
+    hits = torch.zeros(depth)
+    count = 0
+    for toks, feats, loss_from in data.heldout[:max_seqs]:
+        f = feats.float()[None]
+        n = f.shape[1]
+        if n < depth + 3:
+            continue
+        outs = net.unroll(f[:, :-1], toks[None, 1:], depth)
+        want = F.linear(f[0, 1:, -net.config.hidden_size:].to(head_w.dtype), head_w).argmax(-1)  # [n-1]
+        got = [net.vocab_ids[net.logits(o[0]).argmax(-1)] for o in outs]  # step j at t: token t + 2
+        start = max(0, loss_from - 2)
+        for r in range(start, n - 1 - depth):
+            ok = True
+            for j in range(depth):
+                ok = ok and bool(got[j][r + j] == want[r + j])
+                hits[j] += ok
+            count += 1
+    accept = (hits / max(1, count)).tolist()
+    return {"accept": [round(a, 4) for a in accept], "tau": round(1 + sum(accept), 3), "positions": count}
+
+
+def _save_checkpoint(work: Path, net: HeadNet, opt, step: int) -> None:
+    tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
+    state = opt.state_dict()
+    for i, st in state["state"].items():
+        for k, v in st.items():
+            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    meta = {"step": step, "param_groups": state["param_groups"]}
+    tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, work / "checkpoint.safetensors")
+    tmpj = work / f".tmp-{os.getpid()}-checkpoint.json"
+    tmpj.write_text(json.dumps(meta))
+    os.replace(tmpj, work / "checkpoint.json")
+
+
+def _load_checkpoint(work: Path, net: HeadNet, opt) -> int:
+    meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
+    if not (meta_path.exists() and ten_path.exists()):
+        return 0
+    meta = json.loads(meta_path.read_text())
+    tensors = load_file(str(ten_path))
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    opt_state: dict = {}
+    for k, v in tensors.items():
+        if k.startswith("opt."):
+            _, i, name = k.split(".", 2)
+            opt_state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
+    return int(meta["step"])
+
+
+def save_head(net: HeadNet, out: Path, extra: dict | None = None) -> Path:
+    """head.safetensors (fp16) + head_config.json into `out`, written beside it and renamed into place."""
+    if out.exists():
+        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(tmp / "head.safetensors"))
+    cfg = net.config.to_dict()
+    if extra:
+        cfg["trained"] = {**cfg.get("trained", {}), **extra}
+    (tmp / "head_config.json").write_text(json.dumps(cfg, indent=1))
+    os.replace(tmp, out)
+    return out
+
+
+def lr_at(step: int, args: HeadTrainArgs) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True) -> Path:
+    """Build the data (resumable), train (resumable), save the head to args.out. Returns args.out."""
+    from tqdm.auto import tqdm
+
+    out, work = Path(args.out), Path(args.work)
+    if out.exists():
+        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    torch.set_num_threads(args.threads)
+    if target is None:
+        target, tok = load_target(args.target)
+    check_target(target)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers)
+    data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
+    head_data.write_manifest(work, {"target_fingerprint": config.target_fingerprint,
+                                    "feature_layers": list(config.feature_layers),
+                                    **{k: getattr(args, k) for k in data_keys}})
+    bar = tqdm(total=1, desc="data", disable=not progress)
+
+    def shown(i, n, _tokens):
+        bar.total = n
+        bar.n = i
+        bar.refresh()
+
+    paths = head_data.build(target, tok, work, config.feature_layers, args.num_prompts, args.max_new_tokens,
+                            args.num_text_chunks, args.text_tokens, args.gen_batch, args.seed, shown)
+    bar.close()
+    data = head_data.Dataset(paths)
+    vocab = config.vocab_size
+    if args.draft_vocab and args.draft_vocab < vocab:
+        counts = data.token_counts(vocab)
+        ids = torch.sort(torch.topk(counts, args.draft_vocab, sorted=True).indices).values
+        config.draft_vocab = args.draft_vocab
+    else:
+        ids = torch.arange(vocab)
+    net = HeadNet(config)
+    net.vocab_ids.copy_(ids)
+    torch.manual_seed(args.seed)
+    net.init_from_target(target)
+    net.bind(target)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    step = _load_checkpoint(work, net, opt)
+    log = (work / "log.jsonl").open("a")
+    bar = tqdm(total=args.steps, initial=step, desc="train", disable=not progress)
+    last_ckpt = time.monotonic()
+    try:
+        while step < args.steps:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args)
+            feats, toks, mask = make_batch(data, step, args)
+            loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            if step % args.log_every == 0 or step == 1:
+                rec = {"step": step, "loss": round(loss.item(), 5), "steps": stats, "time": round(time.time(), 1)}
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{stats[0]['agree']:.2f}")
+            if step % args.eval_every == 0 or step == args.steps:
+                log.write(json.dumps({"step": step, "heldout": heldout_acceptance(net, target, data)}) + "\n")
+                log.flush()
+            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == args.steps:
+                _save_checkpoint(work, net, opt, step)
+                last_ckpt = time.monotonic()
+    finally:
+        bar.close()
+        log.close()
+    final = heldout_acceptance(net, target, data)
+    return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, "seed": args.seed, "ttt": args.ttt,
+                                "heldout": final, "target": args.target,
+                                "args": {k: str(v) for k, v in asdict(args).items()}})
