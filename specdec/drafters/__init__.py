@@ -3,11 +3,13 @@
 - ModelDrafter: a small HF causal LM with the target's vocabulary (pass the model as `drafter=`).
 - PromptLookup: n-gram lookup over the context, no second model (`drafter="ngram"`).
 - EarlyExit: the target's own first layers (self-speculation).
+- FeatureHead: a small trained head on the target's own features (EAGLE family).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
-from .base import Draft, DraftContext, Drafter
+from .base import Draft, DraftContext, Drafter, FeatureDrafter
 from .early_exit import EarlyExit
+from .feature_head import FeatureHead
 from .model import ModelDrafter
 from .ngram import NgramIndex, PromptLookup
 
-__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit"]
+__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter"]

@@ -53,6 +53,7 @@ class HeadTrainArgs:
     ckpt_minutes: float = 5.0
     eval_every: int = 250
     log_every: int = 10
+    stop_at: int | None = None   # checkpoint at this step and return None (a time-boxed session); resume later
 
 
 def load_target(name_or_dir: str):
@@ -204,8 +205,9 @@ def lr_at(step: int, args: HeadTrainArgs) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True) -> Path:
-    """Build the data (resumable), train (resumable), save the head to args.out. Returns args.out."""
+def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
+    """Build the data (resumable), train (resumable), save the head to args.out. Returns args.out, or None
+    when args.stop_at ended the run early (its checkpoint is in args.work; run again to continue)."""
     from tqdm.auto import tqdm
 
     out, work = Path(args.out), Path(args.work)
@@ -240,9 +242,9 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         config.draft_vocab = args.draft_vocab
     else:
         ids = torch.arange(vocab)
+    torch.manual_seed(args.seed)  # the head's random initialisation
     net = HeadNet(config)
     net.vocab_ids.copy_(ids)
-    torch.manual_seed(args.seed)
     net.init_from_target(target)
     net.bind(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -250,8 +252,9 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     log = (work / "log.jsonl").open("a")
     bar = tqdm(total=args.steps, initial=step, desc="train", disable=not progress)
     last_ckpt = time.monotonic()
+    end = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
     try:
-        while step < args.steps:
+        while step < end:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args)
             feats, toks, mask = make_batch(data, step, args)
@@ -270,12 +273,14 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
             if step % args.eval_every == 0 or step == args.steps:
                 log.write(json.dumps({"step": step, "heldout": heldout_acceptance(net, target, data)}) + "\n")
                 log.flush()
-            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == args.steps:
+            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == end:
                 _save_checkpoint(work, net, opt, step)
                 last_ckpt = time.monotonic()
     finally:
         bar.close()
         log.close()
+    if step < args.steps:
+        return None
     final = heldout_acceptance(net, target, data)
     return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, "seed": args.seed, "ttt": args.ttt,
                                 "heldout": final, "target": args.target,

@@ -1,0 +1,80 @@
+"""The feature-head trainer: it learns, it resumes exactly, and its bad inputs get clear errors."""
+import json
+import shutil
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import FeatureHead
+from specdec.training.head_trainer import HeadTrainArgs, train_head
+
+from conftest import build
+
+
+def args(tmp_path, name, **kw):
+    base = dict(target="target", out=tmp_path / f"{name}-out", work=tmp_path / f"{name}-work", steps=8, batch=4,
+                seq_len=32, lr=2e-3, warmup=2, num_prompts=12, max_new_tokens=16, num_text_chunks=4, text_tokens=32,
+                gen_batch=6, draft_vocab=512, eval_every=4, log_every=1, threads=1)
+    base.update(kw)
+    return HeadTrainArgs(**base)
+
+
+def losses(work):
+    rows = [json.loads(l) for l in (work / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def zoo_target():
+    return specdec.zoo.load("target")
+
+
+def test_interrupted_run_resumes_with_the_same_losses_and_head(tmp_path, zoo_target):
+    target, tok = zoo_target
+    whole = args(tmp_path, "whole")
+    out = train_head(whole, target, tok, progress=False)
+    part = args(tmp_path, "part", stop_at=3)
+    assert train_head(part, target, tok, progress=False) is None  # stopped at step 3, checkpoint kept
+    assert not part.out.exists() and sorted(losses(part.work)) == [1, 2, 3]
+    part.stop_at = None
+    train_head(part, target, tok, progress=False)
+    assert losses(part.work) == losses(whole.work)
+    a = FeatureHead.from_pretrained(out, target).net.state_dict()
+    b = FeatureHead.from_pretrained(part.out, target).net.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cfg = json.loads((out / "head_config.json").read_text())
+    assert cfg["trained"]["steps"] == 8 and len(cfg["trained"]["heldout"]["accept"]) == 5
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
+    got = specdec.generate(target, ids, drafter=FeatureHead.from_pretrained(out, target), max_new_tokens=12)
+    assert torch.equal(got, target.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_interrupted_data_build_resumes_to_the_same_shards(tmp_path, zoo_target):
+    target, tok = zoo_target
+    a = args(tmp_path, "a", steps=1)
+    train_head(a, target, tok, progress=False)
+    shards = sorted((a.work / "data").glob("shard-*.safetensors"))
+    assert len(shards) >= 2
+    b = args(tmp_path, "b", steps=1)
+    shutil.copytree(a.work / "data", b.work / "data")
+    (b.work / "data" / shards[-1].name).unlink()  # as if killed while writing the last shard
+    train_head(b, target, tok, progress=False)
+    for s in shards:
+        assert (b.work / "data" / s.name).read_bytes() == s.read_bytes()
+
+
+def test_trainer_errors_name_the_problem(tmp_path, zoo_target):
+    target, tok = zoo_target
+    a = args(tmp_path, "x")
+    a.out.mkdir()
+    with pytest.raises(FileExistsError, match="exists"):
+        train_head(a, target, tok, progress=False)
+    with pytest.raises(ValueError, match="prompt set is empty"):
+        train_head(args(tmp_path, "empty", num_prompts=0), target, tok, progress=False)
+    with pytest.raises(ValueError, match="model.layers"):
+        train_head(args(tmp_path, "gpt2"), build("gpt2"), tok, progress=False)
+    first = args(tmp_path, "s", steps=1)
+    train_head(first, target, tok, progress=False)
+    with pytest.raises(ValueError, match="other settings"):
+        train_head(args(tmp_path, "s", steps=1, max_new_tokens=8, out=tmp_path / "s2"), target, tok, progress=False)
