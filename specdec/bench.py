@@ -55,10 +55,18 @@ def _ks(k) -> list[int]:
     return ks
 
 
-def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, exit_layer: int | None = None) -> dict:
+def _head_tree():
+    from .tree import TreeSpec
+
+    return TreeSpec.dynamic(nodes=16, depth=5, topk=4)
+
+
+def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, exit_layer: int | None = None,
+                head=None) -> dict:
     """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
     the best of them), prompt lookup at the largest. With no draft model the n-gram drafter runs at each k
-    too; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k)."""
+    too; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k); a
+    feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, and as a dynamic tree."""
     import copy
 
     import specdec
@@ -91,6 +99,11 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
         for kk in ks:
             modes[f"specdec ngram k={kk}"] = _spec_mode(specdec.wrap(target, drafter="ngram", draft_length=kk), n)
     modes["specdec ngram"] = _spec_mode(specdec.wrap(target, drafter="ngram"), n)
+    if head is not None:
+        for kk in ks:
+            modes[f"specdec head k={kk}"] = _spec_mode(specdec.wrap(target, drafter=head, draft_length=kk), n)
+        modes["specdec head adaptive"] = _spec_mode(specdec.wrap(target, drafter=head), n)
+        modes["specdec head tree"] = _spec_mode(specdec.wrap(target, drafter=head, tree=tree or _head_tree()), n)
     if exit_layer is not None:
         from .drafters import EarlyExit
 
@@ -101,13 +114,13 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
 
 def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k=4, repeats: int = 3,
               sampling: dict | None = None, tree=None, include_hf: bool = True, progress: bool = True,
-              exit_layer: int | None = None) -> dict:
+              exit_layer: int | None = None, head=None) -> dict:
     """prompts: list of [1, T] int64. Returns the report dict (also what `specdec bench` writes as JSON)."""
     from tqdm import tqdm
 
     kw = dict(sampling or {"do_sample": False})
     greedy = not kw.get("do_sample", False)
-    modes = build_modes(target, draft, n, k, tree, include_hf, exit_layer)
+    modes = build_modes(target, draft, n, k, tree, include_hf, exit_layer, head)
     for run in modes.values():  # warm-up: first calls pay one-off costs
         run(prompts[0][:, :16], kw)
     results = {name: ModeResult(name) for name in modes}

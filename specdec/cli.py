@@ -102,9 +102,16 @@ def _default_drafter(target: str) -> str:
 
 
 def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
-    """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target) or a draft model."""
+    """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target), a feature head (a
+    shipped head's name or 'head:DIR'; needs target) or a draft model."""
+    from . import zoo
+
     if spec == "ngram":
         return "ngram"
+    if spec in zoo.heads() or spec.startswith("head:"):
+        from .drafters import FeatureHead
+
+        return FeatureHead.from_pretrained(zoo.path(spec) if spec in zoo.heads() else spec[5:], target)
     if spec.startswith("early-exit:"):
         from .drafters import EarlyExit
 
@@ -128,14 +135,23 @@ def cmd_bench(a) -> None:
     if a.drafter.startswith("early-exit:"):
         raise SystemExit("specdec: bench runs early exit as a mode of its own: pass --early-exit LAYER (or auto)")
     draft = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
+    from transformers import PreTrainedModel
+
+    if not (draft == "ngram" or isinstance(draft, PreTrainedModel)):
+        raise SystemExit("specdec: bench's --drafter is a draft model or ngram (HF assisted runs it too); pass a "
+                         "feature head as --head")
     chat = bool(getattr(tok, "chat_template", None)) if a.chat == "auto" else a.chat == "yes"
     prompts = load_prompts(tok, a.prompts, a.num_prompts, chat=chat)
     exit_layer, exit_rows = _exit_layer(a.early_exit, target, prompts, a.max_new_tokens)
+    from . import zoo
+
+    head_name = zoo.head_for(a.target) if a.head == "auto" else None if a.head == "none" else a.head
+    head = _drafter_arg(head_name, tok, target=target) if head_name else None
     report = run_bench(target, None if draft == "ngram" else draft, prompts, a.max_new_tokens, a.k, a.repeats,
-                       _sampling_kwargs(a), include_hf=not a.no_hf, exit_layer=exit_layer)
+                       _sampling_kwargs(a), include_hf=not a.no_hf, exit_layer=exit_layer, head=head)
     report.update(target=a.target, drafter=a.drafter, draft_dtype=a.draft_dtype, prompts=a.prompts or "zoo held-out",
                   num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats, chat_template=chat,
-                  exit_layer_choice=exit_rows)
+                  exit_layer_choice=exit_rows, head=head_name)
     md = to_markdown(report)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -181,9 +197,11 @@ def cmd_select(a) -> None:
     layers = target.config.get_text_config().num_hidden_layers
     names = a.drafts or ([n for n in zoo.shipped() if n.startswith("draft")] if a.target == "target" else
                          ["ngram", f"early-exit:{layers // 2}", f"early-exit:{3 * layers // 4}"])
+    if not a.drafts and zoo.head_for(a.target):
+        names = names + [zoo.head_for(a.target)]
     drafts = {}
     for n in names:
-        if n == "ngram" or n.startswith("early-exit:"):
+        if n == "ngram" or n.startswith("early-exit:") or n in zoo.heads() or n.startswith("head:"):
             drafts[n] = _drafter_arg(n, tok, target=target)
             continue
         model, dtok = _load(n, "draft", a.draft_dtype)
@@ -275,7 +293,7 @@ def _add_sampling_args(parser) -> None:
 
 
 DEMO_PROMPT_INDEX, DEMO_NEW_TOKENS = 23, 64
-DRAFTER_HELP = ("model name, local directory, hub id, 'ngram' or 'early-exit:LAYER'; default 'auto': draft-wide for the zoo target, "
+DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER', a shipped head or 'head:DIR'; default 'auto': draft-wide for the zoo target, "
                "ngram for any other (a real model has no same-tokenizer draft yet)")
 
 
@@ -314,6 +332,8 @@ def main(argv=None) -> None:
                    help="render each prompt as a user message with the chat template (auto: when the tokenizer has one)")
     b.add_argument("--early-exit", default="none",
                    help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best) or 'none'")
+    b.add_argument("--head", default="auto", help="feature-head modes: a shipped head, 'head:DIR', 'none', or 'auto' "
+                                                  "(the shipped head for the target, if any)")
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
     _add_sampling_args(b)
@@ -356,11 +376,16 @@ def main(argv=None) -> None:
     c.add_argument("--prompts", type=int, default=16)
     c.add_argument("--new-tokens", type=int, default=64)
     c.add_argument("--work", default="zoo_work")
+    from .training.cli import add_head_card_parser, add_train_head_parser, cmd_head_card, cmd_train_head
+
+    add_train_head_parser(sub)
+    add_head_card_parser(sub)
     a = ap.parse_args(argv)
     if getattr(a, "drafter", None) == "auto":
         a.drafter = _default_drafter(a.target)
     try:
-        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo}[a.cmd](a)
+        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo,
+         "train-head": cmd_train_head, "head-card": cmd_head_card}[a.cmd](a)
     except subprocess.CalledProcessError as e:
         raise SystemExit(f"specdec: {e}") from None
     except (ValueError, OSError, PoolExhausted) as e:

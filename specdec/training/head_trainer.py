@@ -54,6 +54,8 @@ class HeadTrainArgs:
     eval_every: int = 250
     log_every: int = 10
     stop_at: int | None = None   # checkpoint at this step and return None (a time-boxed session); resume later
+    resume_from: Path | None = None  # no checkpoint in work: start from this saved head (its weights and step;
+                                     # AdamW starts afresh) - how a run moves to a new machine
 
 
 def load_target(name_or_dir: str):
@@ -150,13 +152,13 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
     return {"accept": [round(a, 4) for a in accept], "tau": round(1 + sum(accept), 3), "positions": count}
 
 
-def _save_checkpoint(work: Path, net: HeadNet, opt, step: int) -> None:
+def _save_checkpoint(work: Path, net: HeadNet, opt, step: int, seconds: float) -> None:
     tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
     state = opt.state_dict()
     for i, st in state["state"].items():
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    meta = {"step": step, "param_groups": state["param_groups"]}
+    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1)}
     tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, work / "checkpoint.safetensors")
@@ -165,10 +167,11 @@ def _save_checkpoint(work: Path, net: HeadNet, opt, step: int) -> None:
     os.replace(tmpj, work / "checkpoint.json")
 
 
-def _load_checkpoint(work: Path, net: HeadNet, opt) -> int:
+def _load_checkpoint(work: Path, net: HeadNet, opt) -> tuple[int, float]:
+    """(step, training seconds so far) of the checkpoint in `work`, loaded into net and opt; (0, 0) if none."""
     meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
     if not (meta_path.exists() and ten_path.exists()):
-        return 0
+        return 0, 0.0
     meta = json.loads(meta_path.read_text())
     tensors = load_file(str(ten_path))
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
@@ -178,7 +181,41 @@ def _load_checkpoint(work: Path, net: HeadNet, opt) -> int:
             _, i, name = k.split(".", 2)
             opt_state.setdefault(int(i), {})[name] = v
     opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
-    return int(meta["step"])
+    return int(meta["step"]), float(meta.get("seconds", 0.0))
+
+
+def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
+    cfg = json.loads((path / "head_config.json").read_text())
+    if cfg["target_fingerprint"] != net.config.target_fingerprint or list(cfg["feature_layers"]) != list(
+            net.config.feature_layers) or cfg.get("draft_vocab", 0) != net.config.draft_vocab:
+        raise ValueError(f"--resume-from {path}: that head was trained for another target or with other settings")
+    state = load_file(str(path / "head.safetensors"))
+    if not torch.equal(state["vocab_ids"], net.vocab_ids):
+        raise ValueError(f"--resume-from {path}: its draft vocabulary differs from this data's (other data?)")
+    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    trained = cfg.get("trained", {})
+    return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
+
+
+def export_checkpoint(work: Path, out: Path, target) -> Path:
+    """Save the head of the checkpoint in `work` (a run still in progress) to `out`, marked partial."""
+    work = Path(work)
+    meta = json.loads((work / "checkpoint.json").read_text())
+    tensors = load_file(str(work / "checkpoint.safetensors"))
+    manifest = json.loads((work / "manifest.json").read_text())
+    state = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
+    n_vocab = state["vocab_ids"].numel()
+    config = HeadConfig.for_target(target, fusion=len(manifest["feature_layers"]) > 1,
+                                   draft_vocab=n_vocab if n_vocab < target.config.get_text_config().vocab_size else 0,
+                                   num_layers=len({k.split(".")[1] for k in state if k.startswith("layers.")}))
+    if config.target_fingerprint != manifest["target_fingerprint"]:
+        raise ValueError(f"the run in {work} was trained for another target")
+    net = HeadNet(config)
+    net.load_state_dict(state)
+    log = [json.loads(l) for l in (work / "log.jsonl").read_text().splitlines()] if (work / "log.jsonl").exists() else []
+    evals = [r for r in log if "heldout" in r and r["step"] <= meta["step"]]
+    return save_head(net, Path(out), {"steps": meta["step"], "train_seconds": meta.get("seconds"), "partial": True,
+                                      "heldout": evals[-1]["heldout"] if evals else None, **manifest})
 
 
 def save_head(net: HeadNet, out: Path, extra: dict | None = None) -> Path:
@@ -248,7 +285,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     net.init_from_target(target)
     net.bind(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step = _load_checkpoint(work, net, opt)
+    step, seconds = _load_checkpoint(work, net, opt)
+    if step == 0 and args.resume_from is not None:
+        step, seconds = _load_saved_head(Path(args.resume_from), net)
+    t_start = time.monotonic() - seconds
     log = (work / "log.jsonl").open("a")
     bar = tqdm(total=args.steps, initial=step, desc="train", disable=not progress)
     last_ckpt = time.monotonic()
@@ -274,7 +314,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
                 log.write(json.dumps({"step": step, "heldout": heldout_acceptance(net, target, data)}) + "\n")
                 log.flush()
             if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == end:
-                _save_checkpoint(work, net, opt, step)
+                _save_checkpoint(work, net, opt, step, time.monotonic() - t_start)
                 last_ckpt = time.monotonic()
     finally:
         bar.close()
@@ -282,6 +322,8 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)
-    return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, "seed": args.seed, "ttt": args.ttt,
+    return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens,
+                                "train_seconds": round(time.monotonic() - t_start), "data_sequences": len(data.train),
+                                "positions_seen": step * args.batch * args.seq_len, "seed": args.seed, "ttt": args.ttt,
                                 "heldout": final, "target": args.target,
                                 "args": {k: str(v) for k, v in asdict(args).items()}})

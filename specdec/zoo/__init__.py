@@ -27,15 +27,29 @@ def shipped() -> list[str]:
     return sorted(found, key=lambda n: (n != "target", n))
 
 
+def heads() -> list[str]:
+    """Shipped feature heads (drafters/feature_head.py): folders with a head_config.json, named
+    '<target>-head'. Load one with FeatureHead.from_pretrained(zoo.path(name), target)."""
+    if not MODELS_DIR.exists():
+        return []
+    return sorted(p.name for p in MODELS_DIR.glob("*") if (p / "head_config.json").exists())
+
+
+def head_for(target_name: str) -> str | None:
+    """The shipped head trained for the zoo or real model `target_name`, if there is one."""
+    name = f"{target_name}-head"
+    return name if name in heads() else None
+
+
 def names() -> list[str]:
-    """Every name the loader serves: the shipped zoo, then the real models (installed or not; see status)."""
-    return shipped() + list(real.MODELS)
+    """Every name the loader serves: the shipped zoo and heads, then the real models (see status)."""
+    return shipped() + heads() + list(real.MODELS)
 
 
 def status(name: str) -> str:
     """'shipped', 'materialised' (a real model ready to load), 'installed' (its package is, the conversion
     runs on first use) or 'not installed'."""
-    if name in shipped():
+    if name in shipped() or name in heads():
         return "shipped"
     _check_name(name)
     return "materialised" if real.is_materialised(name) else "installed" if real.is_installed(name) else "not installed"
@@ -59,6 +73,9 @@ def load(name: str, dtype=None, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if name in heads():
+        raise ValueError(f"{name!r} is a feature head, not a model: load it for its target with "
+                         f"specdec.drafters.FeatureHead.from_pretrained(specdec.zoo.path({name!r}), target)")
     p = path(name)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32, use_safetensors=True)
     return model.to(device).eval(), AutoTokenizer.from_pretrained(p)
@@ -72,7 +89,7 @@ def prompts(n: int | None = None) -> list[str]:
 
 def card(name: str) -> dict:
     """The measured facts of a model's card (card.json), {} if not measured yet."""
-    if name not in shipped():
+    if name not in shipped() and name not in heads():
         return {}
     p = path(name) / "card.json"
     return json.loads(p.read_text()) if p.exists() else {}

@@ -1,0 +1,98 @@
+"""A feature head's card: what it was trained on and how it drafts, measured on prompts it never saw.
+
+card.json (and CARD.md) beside head_config.json: the training facts (tokens, steps, seconds, held-out
+acceptance by position from the trainer), then, from greedy generations on held-out prompts (the
+trainer's held-out prompt split for a chat target, the zoo's held-out prompts otherwise): acceptance by
+position and tau at each fixed k, adaptive and a dynamic tree; c (the draft's seconds per drafted token
+over plain decoding's seconds per token, both measured in the same loop: a ratio, not a speed claim),
+and a sample output.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..drafters import FeatureHead
+from ..tree import TreeSpec
+
+
+def card_prompts(tok, n: int) -> list[torch.Tensor]:
+    from .. import zoo
+    from . import head_data, prompts
+
+    if getattr(tok, "chat_template", None):
+        held = [p for p in prompts.build(4000, seed=0) if prompts.is_heldout(p)][:n]
+        return [torch.tensor([head_data.render(tok, p)]) for p in held]
+    return [tok(p, return_tensors="pt").input_ids for p in zoo.prompts(n)]
+
+
+@torch.no_grad()
+def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: int = 96,
+                 ks=(1, 2, 3, 4, 5, 6)) -> dict:
+    import specdec
+
+    head = FeatureHead.from_pretrained(head_dir, target)
+    ids_list = card_prompts(tok, num_prompts)
+    modes = {f"k={k}": dict(draft_length=k) for k in ks}
+    modes["adaptive"] = {}
+    modes["tree dynamic(16, 5, 4)"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4))
+    rows = {}
+    plain_tpot = []
+    sample = None
+    for name, kw in [("plain", dict(draft_length=0))] + list(modes.items()):
+        acc, tested, taus, c = None, None, [], []
+        for ids in ids_list:
+            out = specdec.generate(target, ids, drafter=None if name == "plain" else head, max_new_tokens=new_tokens,
+                                   do_sample=False, return_dict_in_generate=True, **kw)
+            st = out.stats
+            if name == "plain":
+                plain_tpot.append(st.tpot_s)
+                continue
+            if sample is None and name == "adaptive":
+                sample = tok.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
+            taus.append(st.mean_accepted_length)
+            if st.drafted_tokens:
+                c.append(st.draft_s / st.drafted_tokens)
+            a, t = st.accepted_by_position, st.tested_by_position
+            acc = a if acc is None else [x + y for x, y in zip(acc + [0] * len(a), a + [0] * len(acc))]
+            tested = t if tested is None else [x + y for x, y in zip(tested + [0] * len(t), t + [0] * len(tested))]
+        if name == "plain":
+            continue
+        tpot = sum(plain_tpot) / len(plain_tpot)
+        rows[name] = {"tau": round(sum(taus) / len(taus), 3),
+                      "accept_by_position": [round(x / y, 3) for x, y in zip(acc or [], tested or []) if y],
+                      "c": round(sum(c) / len(c) / tpot, 4) if c else None}
+    cfg = json.loads((Path(head_dir) / "head_config.json").read_text())
+    return {"head": Path(head_dir).name, "trained": cfg.get("trained", {}), "draft_vocab": cfg.get("draft_vocab"),
+            "feature_layers": cfg["feature_layers"], "params": sum(p.numel() for p in head.net.parameters()),
+            "measured_on": f"{len(ids_list)} held-out prompts, {new_tokens} new tokens, greedy",
+            "modes": rows, "sample": sample, "measured": time.strftime("%Y-%m-%d")}
+
+
+def to_markdown(card: dict) -> str:
+    t = card["trained"]
+    held = t.get("heldout") or {}
+    lines = [f"# {card['head']}", "",
+             f"Feature head (EAGLE family), {card['params'] / 1e6:.2f} M parameters, feature layers "
+             f"{card['feature_layers']}, draft vocabulary {card['draft_vocab'] or 'full'}.", "",
+             f"Trained {t.get('steps')} steps{' (partial run)' if t.get('partial') else ''} on "
+             f"{t.get('train_tokens', '?')} tokens of the target's own answers and standard-library text, "
+             f"{t.get('train_seconds', '?')} s of training; held-out acceptance by position (trainer): "
+             f"{held.get('accept')}, tau {held.get('tau')}.", "",
+             f"Measured: {card['measured_on']}.", "", "| mode | tau | acceptance by position | c |", "|---|---|---|---|"]
+    for name, r in card["modes"].items():
+        lines.append(f"| {name} | {r['tau']} | {r['accept_by_position']} | {r['c']} |")
+    lines += ["", "Sample (adaptive, first held-out prompt):", "", "```", (card.get("sample") or "").strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def write_card(head_dir: Path, card: dict) -> None:
+    head_dir = Path(head_dir)
+    for name, text in (("card.json", json.dumps(card, indent=1)), ("CARD.md", to_markdown(card))):
+        tmp = head_dir / f".tmp-{os.getpid()}-{name}"
+        tmp.write_text(text)
+        os.replace(tmp, head_dir / name)
