@@ -91,18 +91,20 @@ def _prompt(target, input_ids) -> torch.Tensor:
 
 
 def _generation_config(target, generation_config, kwargs):
-    """Merge generation_config (or the model's) with kwargs like HF.
+    """Merge like HF's `_prepare_generation_config`: the user's generation_config (or an empty one), its unset
+    fields filled from the model's generation config, then HF's global defaults, then the keywords (an
+    explicit None in them stays None: top_k=None disables top-k).
 
     Returns (config, leftover kwargs, whether max_length was left at HF's default)."""
     from transformers import GenerationConfig
 
-    base = generation_config if generation_config is not None else target.generation_config
-    cfg = copy.deepcopy(base) if base is not None else GenerationConfig()
+    cfg = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+    if target.generation_config is not None:
+        cfg.update(**target.generation_config.to_dict(), defaults_only=True, allow_custom_entries=True)
+    # HF then generates 20 NEW tokens (capped by max positions) when nobody set max_length
+    default_max_length = cfg.max_length is None and kwargs.get("max_length") is None
+    cfg.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
     leftover = cfg.update(**kwargs)
-    default_max_length = cfg.max_length is None  # HF then generates 20 NEW tokens (capped by max positions)
-    for key, value in GenerationConfig._get_default_generation_params().items():
-        if getattr(cfg, key, None) is None and value is not None:
-            setattr(cfg, key, value)
     _check_supported(cfg)
     return cfg, leftover, default_max_length
 
@@ -131,12 +133,36 @@ def _limits_and_sampling(cfg, prompt_len: int, stopping_criteria, target, defaul
     if max_new <= 0:
         raise ValueError(f"nothing to generate: max_new_tokens={cfg.max_new_tokens}, max_length={cfg.max_length}, "
                          f"prompt has {prompt_len} tokens")
-    min_new = max(cfg.min_new_tokens or 0, (cfg.min_length or 0) - prompt_len)
-    eos = cfg.eos_token_id  # the model's generation_config carries its EOS; an explicit None disables it
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    # as HF: min_new_tokens, when set, takes precedence over min_length
+    min_new = cfg.min_new_tokens if cfg.min_new_tokens is not None else max(0, (cfg.min_length or 0) - prompt_len)
+    eos = _eos_ids(cfg.eos_token_id, target)
     sampling = SamplingParams(do_sample=bool(cfg.do_sample), temperature=float(cfg.temperature),
                               top_k=int(cfg.top_k or 0), top_p=float(cfg.top_p))
     return Limits(max_new, min_new, eos, stopping_criteria), sampling
+
+
+def _eos_ids(eos, target) -> list[int]:
+    """The config's EOS ids as a list (None: no EOS); ids outside the vocabulary are dropped with a warning,
+    as HF ignores them (a misconfigured config)."""
+    import warnings
+
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    vocab = target.config.get_text_config().vocab_size
+    bad = [e for e in eos if not 0 <= int(e) < vocab]
+    if bad:
+        warnings.warn(f"eos_token_id {bad} outside the vocabulary [0, {vocab}) ignored")
+    return [int(e) for e in eos if 0 <= int(e) < vocab]
+
+
+def _processor_lists(logits_processor, stopping_criteria):
+    """Plain lists are accepted like HF's LogitsProcessorList / StoppingCriteriaList."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    if isinstance(logits_processor, list) and not isinstance(logits_processor, LogitsProcessorList):
+        logits_processor = LogitsProcessorList(logits_processor)
+    if isinstance(stopping_criteria, list) and not isinstance(stopping_criteria, StoppingCriteriaList):
+        stopping_criteria = StoppingCriteriaList(stopping_criteria)
+    return logits_processor, stopping_criteria
 
 
 def _generator(device) -> torch.Generator:
@@ -200,9 +226,14 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
-         streamer=None, attention_mask=None, **kwargs):
+         streamer=None, attention_mask=None, inputs=None, **kwargs):
     target = engine.target
+    if inputs is not None:  # HF's first parameter is called `inputs`
+        if input_ids is not None:
+            raise ValueError("pass the prompt once: as inputs= or as input_ids, not both")
+        input_ids = inputs
     prompt = _prompt(target, input_ids)
+    logits_processor, stopping_criteria = _processor_lists(logits_processor, stopping_criteria)
     if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
         raise ValueError("attention_mask with padding is not supported (batch size 1 needs no padding)")
     kwargs.pop("use_cache", None)
@@ -317,9 +348,7 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     cfg = generation_config
     _check_supported(cfg)
     max_new = cfg.max_length - prompt.numel()
-    eos = cfg.eos_token_id
-    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    limits = Limits(max_new, 0, eos, stopping_criteria)
+    limits = Limits(max_new, 0, _eos_ids(cfg.eos_token_id, model), stopping_criteria)
     sampling = SamplingParams(do_sample=bool(cfg.do_sample))  # HF's processors do the warping
     seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
                                  generator=_generator(engine.device))

@@ -333,7 +333,7 @@ class Engine:
         return draft
 
     def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):
-        if self.acceptance == "typical":
+        if self.acceptance == "typical" and sampling.do_sample:  # greedy decoding emits the argmax either way
             from .verifiers import typical_tree
 
             return typical_tree(draft.tokens, draft.parents, probs_from_scores(scores), generator)

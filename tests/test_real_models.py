@@ -131,3 +131,22 @@ def test_an_interrupted_materialisation_leaves_nothing_behind(smollm2, tmp_path,
     assert calls == ["load weights (dequantize)", "load tokenizer", "save safetensors"]
     assert specdec.zoo.status(name) == "installed"
     assert list((tmp_path / "models").iterdir()) == []
+
+
+@pytest.mark.parametrize("kw", [dict(draft_length=3), dict(), dict(tree=specdec.TreeSpec.dynamic(nodes=16, depth=5,
+                                                                                              topk=4))],
+                         ids=["k=3", "adaptive", "dynamic tree"])
+def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw):
+    from specdec.drafters import FeatureHead
+
+    name = specdec.zoo.head_for("smollm2-135m-instruct")
+    if name is None:
+        pytest.skip("no shipped head for smollm2-135m-instruct yet")
+    model, tok = smollm2
+    head = FeatureHead.from_pretrained(specdec.zoo.path(name), model)
+    ids = _prompt(model, tok)
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    out = specdec.generate(model, ids, drafter=head, max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True,
+                           **kw)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_accepted_length > 1.3  # a trained head drafts tokens the target accepts

@@ -101,3 +101,23 @@ def test_training_is_reproducible(tmp_path):
     want = {r["step"]: r["loss"] for r in want}
     for rec in got:
         assert math.isclose(rec["loss"], want[rec["step"]], abs_tol=2e-3), rec
+
+
+def test_shipped_heads_load_for_their_targets_and_not_as_models():
+    from specdec.drafters import FeatureHead
+
+    heads = specdec.zoo.heads()
+    assert "target-head" in heads and specdec.zoo.head_for("target") == "target-head"
+    assert specdec.zoo.status("target-head") == "shipped" and "target-head" in specdec.zoo.names()
+    with pytest.raises(ValueError, match="is a feature head"):
+        specdec.zoo.load("target-head")
+    target, tok = specdec.zoo.load("target")
+    head = FeatureHead.from_pretrained(specdec.zoo.path("target-head"), target)
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
+    out = specdec.generate(target, ids, drafter=head, max_new_tokens=32, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=32, do_sample=False))
+    assert out.stats.mean_accepted_length > 1.3
+    card = specdec.zoo.card("target-head")
+    assert card["modes"]["adaptive"]["tau"] > 1 and card["trained"]["train_tokens"] > 0
+    total = sum(f.stat().st_size for h in heads for f in specdec.zoo.path(h).iterdir())
+    assert total <= 30 * 2 ** 20  # every shipped head together: at most 30 MB

@@ -1,0 +1,75 @@
+"""HF keyword semantics at the edges: generation_config merging, explicit None, min_new_tokens precedence,
+`inputs=`, plain lists of processors, typical acceptance under greedy, EOS ids outside the vocabulary.
+Each case is compared with what transformers' own generate() does with the same arguments."""
+import pytest
+import torch
+from transformers import GenerationConfig, MaxLengthCriteria, TemperatureLogitsWarper
+
+import specdec
+
+from conftest import VOCAB, build, hf_greedy
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = build("llama", seed=0, scale=3.0)
+    model.generation_config = GenerationConfig(eos_token_id=7, max_new_tokens=9, pad_token_id=0)
+    return model
+
+
+IDS = torch.tensor([[3, 4, 5, 6]])
+
+
+def test_a_passed_generation_config_is_filled_from_the_models(target):
+    """The model's eos_token_id and max_new_tokens survive a user config that leaves them unset."""
+    user = GenerationConfig(do_sample=False)
+    want = target.generate(IDS, attention_mask=torch.ones_like(IDS), generation_config=user)
+    got = specdec.generate(target, IDS, drafter="ngram", generation_config=user)
+    assert torch.equal(got, want)
+    assert got.shape[1] - IDS.shape[1] <= 9
+
+
+def test_explicit_top_k_none_disables_top_k(target):
+    torch.manual_seed(0)
+    out = specdec.generate(target, IDS, do_sample=True, top_k=None, max_new_tokens=3, eos_token_id=None,
+                           return_dict_in_generate=True)
+    cfg, _, _ = specdec.api._generation_config(target, None, dict(do_sample=True, top_k=None))
+    assert cfg.top_k is None and out.sequences.shape[1] == IDS.shape[1] + 3
+    cfg, _, _ = specdec.api._generation_config(target, None, dict(do_sample=True))
+    assert cfg.top_k == 50  # HF's default when nobody says otherwise
+
+
+def test_min_new_tokens_takes_precedence_over_min_length(target):
+    kw = dict(min_new_tokens=6, min_length=2, max_new_tokens=8, do_sample=False)
+    want = target.generate(IDS, attention_mask=torch.ones_like(IDS), **kw)
+    got = specdec.generate(target, IDS, drafter="ngram", **kw)
+    assert torch.equal(got, want)
+    limits, _ = specdec.api._limits_and_sampling(
+        specdec.api._generation_config(target, None, kw)[0], IDS.shape[1], None, target, False)
+    assert limits.min_new_tokens == 6
+
+
+def test_inputs_keyword_and_plain_lists(target):
+    want = hf_greedy(target, IDS, 6, eos_token_id=None)
+    assert torch.equal(specdec.generate(target, inputs=IDS, max_new_tokens=6, eos_token_id=None), want)
+    with pytest.raises(ValueError, match="not both"):
+        specdec.generate(target, IDS, inputs=IDS, max_new_tokens=6)
+    got = specdec.generate(target, IDS, drafter="ngram", max_new_tokens=20, eos_token_id=None,
+                           stopping_criteria=[MaxLengthCriteria(IDS.shape[1] + 5)],
+                           logits_processor=[TemperatureLogitsWarper(0.5)])
+    assert torch.equal(got, want[:, :IDS.shape[1] + 5])  # temperature leaves the argmax alone
+
+
+def test_typical_acceptance_with_greedy_decoding_emits_the_argmax(target):
+    draft = build("llama", seed=5, scale=3.0)
+    want = hf_greedy(target, IDS, 16, eos_token_id=None)
+    for _ in range(3):
+        got = specdec.generate(target, IDS, drafter=draft, acceptance="typical", draft_length=3, max_new_tokens=16,
+                               eos_token_id=None)
+        assert torch.equal(got, want)
+
+
+def test_eos_outside_the_vocabulary_is_ignored_with_a_warning(target):
+    with pytest.warns(UserWarning, match="outside the vocabulary"):
+        got = specdec.generate(target, IDS, max_new_tokens=6, min_new_tokens=2, eos_token_id=[VOCAB + 5])
+    assert torch.equal(got, hf_greedy(target, IDS, 6, eos_token_id=None))
