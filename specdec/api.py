@@ -335,14 +335,23 @@ def wrap(model, drafter=None, **options) -> SpecModel:
 
 def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                        synced_gpus=False, streamer=None, drafter=None, draft_length="adaptive",
-                       max_draft_length: int = 8, tree=None, acceptance: str = "exact", **model_kwargs):
+                       max_draft_length: int = 8, tree=None, acceptance: str = "exact", specdec_streamer=None,
+                       **model_kwargs):
     """The decoding loop for `model.generate(..., custom_generate=specdec.hf_custom_generate, drafter=d)`.
 
     HF has already resolved generation_config and built its logits processors (warpers included) and
     stopping criteria; we apply them row by row, identically to target and draft.
+
+    Streaming: transformers (5.x) keeps `streamer=` from a callable custom_generate (it puts the prompt
+    into it and never calls it again), so pass the streamer as `specdec_streamer=` on this path (it gets
+    the prompt, every token and end(), like HF's own loop); or stream through specdec.wrap(model).
     """
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(torch.as_tensor(mask).all()):
+        raise ValueError("attention_mask with padding is not supported by specdec.hf_custom_generate (one sequence, "
+                         "no padding): pass the unpadded prompt")
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True)
     prompt = _prompt(model, input_ids)
     cfg = generation_config
@@ -350,8 +359,10 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     max_new = cfg.max_length - prompt.numel()
     limits = Limits(max_new, 0, _eos_ids(cfg.eos_token_id, model), stopping_criteria)
     sampling = SamplingParams(do_sample=bool(cfg.do_sample))  # HF's processors do the warping
-    seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
-                                 generator=_generator(engine.device))
+    # a streamer HF hands us already has the prompt; specdec_streamer gets everything from us
+    seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor,
+                                 streamer=streamer if streamer is not None else specdec_streamer,
+                                 generator=_generator(engine.device), stream_prompt=streamer is None)
     seq = seq[None].to(input_ids.device)
     if cfg.return_dict_in_generate:
         out = GenerateDecoderOnlyOutput(sequences=seq)

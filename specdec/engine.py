@@ -119,8 +119,10 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, sampling: SamplingParams, limits: Limits, processors=None,
-                 streamer=None, generator: torch.Generator | None = None) -> tuple[torch.Tensor, SpecStats]:
-        """input_ids [T] int64 -> (sequence [T + N] int64, stats)."""
+                 streamer=None, generator: torch.Generator | None = None,
+                 stream_prompt: bool = True) -> tuple[torch.Tensor, SpecStats]:
+        """input_ids [T] int64 -> (sequence [T + N] int64, stats). stream_prompt=False: the caller already
+        put the prompt into the streamer (HF's generate does, before a custom decoding loop)."""
         prompt = input_ids.to(self.device)
         T = prompt.numel()
         max_draft = getattr(self.policy, "max_length", 8)
@@ -167,7 +169,8 @@ class Engine:
                 tokens = prompt.tolist() + [first]
                 stats.ttft_s = time.perf_counter() - t0
                 if streamer is not None:
-                    streamer.put(prompt.cpu())
+                    if stream_prompt:
+                        streamer.put(prompt.cpu())
                     streamer.put(torch.tensor([first]))
                 self.target_runner = target  # a self-speculative drafter shares this runner's pages
                 if self.drafter is not None:  # the drafter's own prefill, after the first token is out

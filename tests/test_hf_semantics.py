@@ -73,3 +73,28 @@ def test_eos_outside_the_vocabulary_is_ignored_with_a_warning(target):
     with pytest.warns(UserWarning, match="outside the vocabulary"):
         got = specdec.generate(target, IDS, max_new_tokens=6, min_new_tokens=2, eos_token_id=[VOCAB + 5])
     assert torch.equal(got, hf_greedy(target, IDS, 6, eos_token_id=None))
+
+
+class Recorder:
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, ids):
+        self.puts.append(ids.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_hf_custom_generate_streams_the_prompt_once_and_refuses_padding(target):
+    """transformers keeps streamer= from a callable custom_generate; specdec_streamer= streams like HF's loop."""
+    rec, ref = Recorder(), Recorder()
+    kw = dict(attention_mask=torch.ones_like(IDS), max_new_tokens=6, eos_token_id=None, do_sample=False)
+    out = target.generate(IDS, custom_generate=specdec.hf_custom_generate, drafter="ngram", specdec_streamer=rec,
+                          **kw)
+    target.generate(IDS, streamer=ref, **kw)
+    assert rec.ended and sum(rec.puts, []) == sum(ref.puts, []) == out[0].tolist()
+    padded = torch.tensor([[0, 0, 3, 4, 5, 6]])
+    with pytest.raises(ValueError, match="padding"):
+        target.generate(padded, attention_mask=(padded != 0).long(), custom_generate=specdec.hf_custom_generate,
+                        max_new_tokens=4)
