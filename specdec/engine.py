@@ -16,6 +16,7 @@ the exact shape it was given).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -97,6 +98,7 @@ class Engine:
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
         self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
         self.features: FeatureLog | None = None  # the current generation's, when feature_layers
+        self._busy = threading.Lock()  # one generation at a time: concurrent callers (threads) wait their turn
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -117,12 +119,17 @@ class Engine:
             raise RuntimeError(f"page pool has {self.pool.num_used} pages in use at the start of a generation")
         return self.pool
 
-    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, sampling: SamplingParams, limits: Limits, processors=None,
                  streamer=None, generator: torch.Generator | None = None,
                  stream_prompt: bool = True) -> tuple[torch.Tensor, SpecStats]:
         """input_ids [T] int64 -> (sequence [T + N] int64, stats). stream_prompt=False: the caller already
-        put the prompt into the streamer (HF's generate does, before a custom decoding loop)."""
+        put the prompt into the streamer (HF's generate does, before a custom decoding loop). Threads
+        sharing one engine (one wrap()ed model) run their generations one after another."""
+        with self._busy:
+            return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt)
+
+    @torch.no_grad()
+    def _generate(self, input_ids, sampling, limits, processors, streamer, generator, stream_prompt):
         prompt = input_ids.to(self.device)
         T = prompt.numel()
         max_draft = getattr(self.policy, "max_length", 8)

@@ -98,3 +98,36 @@ def test_hf_custom_generate_streams_the_prompt_once_and_refuses_padding(target):
     with pytest.raises(ValueError, match="padding"):
         target.generate(padded, attention_mask=(padded != 0).long(), custom_generate=specdec.hf_custom_generate,
                         max_new_tokens=4)
+
+
+def test_threads_generating_with_one_model_all_finish_exactly_and_restore_attention():
+    import threading
+
+    target = build("llama", seed=0, scale=3.0)
+    impl = target.config._attn_implementation
+    prompts = [torch.randint(3, VOCAB, (1, 3 + i), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    refs = [hf_greedy(target, p, 24, eos_token_id=None) for p in prompts]
+    spec = specdec.wrap(target, drafter="ngram")
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                out = specdec.generate(target, prompts[i], drafter="ngram", max_new_tokens=24, eos_token_id=None)
+                streamed = [t for chunk in spec.stream(prompts[i], max_new_tokens=24, eos_token_id=None)
+                            if isinstance(chunk, list) for t in chunk]
+                results.setdefault(i, []).append((out, streamed))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, runs in results.items():
+        for out, streamed in runs:
+            assert torch.equal(out, refs[i])
+            assert streamed == refs[i][0, prompts[i].shape[1]:].tolist()
+    assert target.config._attn_implementation == impl

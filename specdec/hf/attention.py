@@ -11,6 +11,8 @@ or the page tensors [num_pages, page_size, Hkv, D] on the Triton path. Output [1
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -85,18 +87,45 @@ def check_supported(model) -> None:
         raise ValueError(f"{type(model).__name__} is an encoder-decoder model; specdec supports causal LMs only")
 
 
+# model -> [number of generations inside specdec_attention, the implementation to restore]; one lock for all
+_active: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def _enter(model) -> None:
+    with _lock:
+        entry = _active.get(model)
+        if entry is None:
+            _active[model] = [1, model.config._attn_implementation]
+            model.set_attn_implementation(NAME)
+        else:
+            entry[0] += 1
+
+
+def _exit(model) -> None:
+    with _lock:
+        entry = _active[model]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del _active[model]
+            model.set_attn_implementation(entry[1])
+
+
 @contextlib.contextmanager
 def specdec_attention(*models):
-    """Select our attention on `models` for the duration, restoring each one's own afterwards (also on error)."""
+    """Select our attention on `models` for the duration, restoring each one's own afterwards (also on error).
+
+    Reference-counted per model under a lock: threads generating with the same model share the switch,
+    and the last one out restores the model's own implementation."""
     register()
-    saved = []
+    entered = []
     try:
         for m in models:
-            if m is None or any(m is s for s, _ in saved):
+            if m is None or any(m is e for e in entered):
                 continue
-            saved.append((m, m.config._attn_implementation))
-            m.set_attn_implementation(NAME)
+            _enter(m)
+            entered.append(m)
         yield
     finally:
-        for m, impl in reversed(saved):
-            m.set_attn_implementation(impl)
+        for m in reversed(entered):
+            _exit(m)
