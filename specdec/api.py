@@ -22,14 +22,15 @@ from .stats import SpecStats
 from .verifiers.sampling import SamplingParams
 
 # generation-config fields that must keep their default (value shown) because specdec does not implement them
+# (sequence-dependent processors - repetition_penalty, no_repeat_ngram_size, bad_words_ids, sequence_bias,
+# suppress_tokens, begin_suppress_tokens - and the warpers min_p, typical_p, epsilon_cutoff, eta_cutoff, and
+# stop_strings are supported: see _config_processors)
 _UNSUPPORTED = {
-    "num_beams": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "typical_p": 1.0, "min_p": None, "top_h": None,
-    "epsilon_cutoff": None, "eta_cutoff": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None, "guidance_scale": None,
+    "num_beams": 1, "num_return_sequences": 1, "encoder_no_repeat_ngram_size": 0, "top_h": None,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "guidance_scale": None,
     "output_scores": False, "output_logits": False, "output_attentions": False, "output_hidden_states": False,
     "exponential_decay_length_penalty": None, "num_beam_groups": None, "diversity_penalty": None,
-    "penalty_alpha": None, "constraints": None, "force_words_ids": None, "stop_strings": None,
+    "penalty_alpha": None, "constraints": None, "force_words_ids": None,
     "watermarking_config": None, "renormalize_logits": False, "remove_invalid_values": False, "max_time": None,
     "token_healing": None, "dola_layers": None, "prompt_lookup_num_tokens": None,
 }
@@ -154,6 +155,48 @@ def _eos_ids(eos, target) -> list[int]:
     return [int(e) for e in eos if 0 <= int(e) < vocab]
 
 
+def _config_processors(target, cfg, prompt_len: int, user_processors, device):
+    """The processors HF's generate() would build from `cfg`, split around specdec's own warping.
+
+    Returns (before, after): `before` = HF's processor list for cfg with sampling off and min lengths
+    cleared (specdec applies those itself) merged with the user's processors, in HF's order; it sees
+    each row's own prefix, so sequence-dependent processors (repetition_penalty, no_repeat_ngram_size,
+    bad_words_ids, sequence_bias, suppress_tokens, begin_suppress_tokens) act on every verification and
+    draft row exactly as on a plain decode of that position. `after` = the warpers HF applies after
+    top-p when sampling (min_p, typical_p, epsilon_cutoff, eta_cutoff)."""
+    from transformers import (EpsilonLogitsWarper, EtaLogitsWarper, LogitsProcessorList, MinPLogitsWarper,
+                              TypicalLogitsWarper)
+
+    pre_cfg = copy.deepcopy(cfg)
+    pre_cfg.do_sample, pre_cfg.min_length, pre_cfg.min_new_tokens = False, 0, None
+    target._prepare_special_tokens(pre_cfg, True, device=device)  # HF's processors read its EOS tensor
+    before = target._get_logits_processor(pre_cfg, prompt_len, logits_processor=user_processors, device=device)
+    after = LogitsProcessorList()
+    if cfg.do_sample:
+        if cfg.min_p is not None:
+            after.append(MinPLogitsWarper(min_p=cfg.min_p))
+        if cfg.typical_p is not None and cfg.typical_p < 1.0:
+            after.append(TypicalLogitsWarper(mass=cfg.typical_p))
+        if cfg.epsilon_cutoff is not None and 0.0 < cfg.epsilon_cutoff < 1.0:
+            after.append(EpsilonLogitsWarper(epsilon=cfg.epsilon_cutoff))
+        if cfg.eta_cutoff is not None and 0.0 < cfg.eta_cutoff < 1.0:
+            after.append(EtaLogitsWarper(epsilon=cfg.eta_cutoff, device=device))
+    return (before or None), (after or None)
+
+
+def _stop_string_criteria(cfg, stopping_criteria, tokenizer):
+    """HF's StopStringCriteria for cfg.stop_strings (needs the tokenizer, as in HF), added to the user's."""
+    if not cfg.stop_strings:
+        return stopping_criteria
+    if tokenizer is None:
+        raise ValueError("stop_strings needs the tokenizer: pass tokenizer=... to generate (as with HF)")
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    out = StoppingCriteriaList(list(stopping_criteria or []))
+    out.append(StopStringCriteria(stop_strings=cfg.stop_strings, tokenizer=tokenizer))
+    return out
+
+
 def _processor_lists(logits_processor, stopping_criteria):
     """Plain lists are accepted like HF's LogitsProcessorList / StoppingCriteriaList."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
@@ -226,7 +269,7 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
-         streamer=None, attention_mask=None, inputs=None, **kwargs):
+         streamer=None, attention_mask=None, inputs=None, tokenizer=None, **kwargs):
     target = engine.target
     if inputs is not None:  # HF's first parameter is called `inputs`
         if input_ids is not None:
@@ -240,9 +283,11 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
     cfg, leftover, default_max_length = _generation_config(target, generation_config, kwargs)
     if leftover:
         raise ValueError(f"unknown keyword argument(s) for generate: {', '.join(sorted(leftover))}")
+    stopping_criteria = _stop_string_criteria(cfg, stopping_criteria, tokenizer)
     limits, sampling = _limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
-    seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor, streamer=streamer,
-                                 generator=_generator(engine.device))
+    before, after = _config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
+    seq, stats = engine.generate(prompt, sampling, limits, processors=before, streamer=streamer,
+                                 generator=_generator(engine.device), post_processors=after)
     seq = seq[None].to(prompt.device)
     if cfg.return_dict_in_generate:
         return GenerateOutput(seq, stats)

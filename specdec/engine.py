@@ -121,15 +121,18 @@ class Engine:
 
     def generate(self, input_ids: torch.Tensor, sampling: SamplingParams, limits: Limits, processors=None,
                  streamer=None, generator: torch.Generator | None = None,
-                 stream_prompt: bool = True) -> tuple[torch.Tensor, SpecStats]:
+                 stream_prompt: bool = True, post_processors=None) -> tuple[torch.Tensor, SpecStats]:
         """input_ids [T] int64 -> (sequence [T + N] int64, stats). stream_prompt=False: the caller already
         put the prompt into the streamer (HF's generate does, before a custom decoding loop). Threads
-        sharing one engine (one wrap()ed model) run their generations one after another."""
+        sharing one engine (one wrap()ed model) run their generations one after another. processors run
+        before specdec's temperature / top-k / top-p warping, post_processors after it (HF's order)."""
         with self._busy:
-            return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt)
+            return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
+                                  post_processors)
 
     @torch.no_grad()
-    def _generate(self, input_ids, sampling, limits, processors, streamer, generator, stream_prompt):
+    def _generate(self, input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
+                  post_processors):
         prompt = input_ids.to(self.device)
         T = prompt.numel()
         max_draft = getattr(self.policy, "max_length", 8)
@@ -157,7 +160,8 @@ class Engine:
             features = features or FeatureLog()
             features.rollback(target.valid)
         self.features = features
-        pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors)
+        pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors,
+                                  post_processors)
         stats = SpecStats(prompt_tokens=T)
         stats.reused_prompt_tokens = target.valid
         draft_model = getattr(self.drafter, "model", None)

@@ -56,7 +56,7 @@ def sample_chain(
     else:
         q = q.float()
         q_x = q.gather(1, x).squeeze(1)  # [k]
-        beta = torch.minimum(p[:k], q).sum(-1)
+        beta = torch.minimum(p[:k], q).sum(-1).clamp_(0.0, 1.0)  # q = p can sum to 1 + 1 ulp
 
     # accept iff u < p(x)/q(x), written without the division: q(x) = 0 (x could not have been drawn)
     # then accepts iff p(x) > 0, and p(x) >= q(x) always accepts since u < 1
