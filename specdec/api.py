@@ -26,9 +26,9 @@ from .verifiers.sampling import SamplingParams
 # suppress_tokens, begin_suppress_tokens - and the warpers min_p, typical_p, epsilon_cutoff, eta_cutoff, and
 # stop_strings are supported: see _config_processors)
 _UNSUPPORTED = {
-    "num_beams": 1, "num_return_sequences": 1, "encoder_no_repeat_ngram_size": 0, "top_h": None,
+    "num_beams": 1, "encoder_no_repeat_ngram_size": 0, "top_h": None,
     "forced_bos_token_id": None, "forced_eos_token_id": None, "guidance_scale": None,
-    "output_scores": False, "output_logits": False, "output_attentions": False, "output_hidden_states": False,
+    "output_attentions": False, "output_hidden_states": False,
     "exponential_decay_length_penalty": None, "num_beam_groups": None, "diversity_penalty": None,
     "penalty_alpha": None, "constraints": None, "force_words_ids": None,
     "watermarking_config": None, "renormalize_logits": False, "remove_invalid_values": False, "max_time": None,
@@ -37,12 +37,19 @@ _UNSUPPORTED = {
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache")
 
 
-@dataclass
-class GenerateOutput:
-    """sequences: [1, T + N] int64 (prompt + new tokens, like HF); stats: what the run measured."""
+from transformers.generation.utils import GenerateDecoderOnlyOutput  # noqa: E402 (after the stdlib imports)
 
-    sequences: torch.Tensor
-    stats: SpecStats
+
+@dataclass
+class GenerateOutput(GenerateDecoderOnlyOutput):
+    """HF's GenerateDecoderOnlyOutput (indexing by key and position works as in HF) plus `stats`.
+
+    sequences: [1, T + N] int64 (prompt + new tokens); scores / logits (output_scores / output_logits):
+    N tensors [1, V] float32, per emitted token the processed scores and the raw logits of the row that
+    produced it, as HF's greedy / sample loop returns them; stats: what the run measured (a list, one per
+    sequence, with num_return_sequences > 1)."""
+
+    stats: SpecStats | None = None
 
 
 def _resolve_drafter(target, drafter):
@@ -286,12 +293,51 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
     stopping_criteria = _stop_string_criteria(cfg, stopping_criteria, tokenizer)
     limits, sampling = _limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
     before, after = _config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
+    record = _record_for(cfg)
+    n = cfg.num_return_sequences or 1
+    if n > 1:
+        return _several(engine, cfg, prompt, sampling, limits, before, after, streamer, record, n)
     seq, stats = engine.generate(prompt, sampling, limits, processors=before, streamer=streamer,
-                                 generator=_generator(engine.device), post_processors=after)
+                                 generator=_generator(engine.device), post_processors=after, record=record)
     seq = seq[None].to(prompt.device)
     if cfg.return_dict_in_generate:
-        return GenerateOutput(seq, stats)
+        return _output(seq, stats, record)
     return seq
+
+
+def _several(engine, cfg, prompt, sampling, limits, before, after, streamer, record, n):
+    """num_return_sequences = n > 1: n independent samples, one after another (batches are not there yet),
+    shaped like HF's output: [n, T + longest], shorter rows padded with pad_token_id after their EOS."""
+    if not sampling.do_sample:
+        raise ValueError(f"num_return_sequences={n} needs do_sample=True: greedy decoding returns one sequence "
+                         "(as in HF without beam search)")
+    if streamer is not None or record is not None:
+        raise ValueError(f"num_return_sequences={n} cannot be combined with a streamer or output_scores / "
+                         "output_logits yet (one sequence at a time)")
+    runs = [engine.generate(prompt, sampling, limits, processors=before, generator=_generator(engine.device),
+                            post_processors=after) for _ in range(n)]
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (limits.eos_token_ids or [0])[0]
+    width = max(seq.numel() for seq, _ in runs)
+    out = torch.full((n, width), int(pad), dtype=torch.long)
+    for i, (seq, _) in enumerate(runs):
+        out[i, :seq.numel()] = seq
+    out = out.to(prompt.device)
+    if cfg.return_dict_in_generate:
+        return GenerateOutput(sequences=out, stats=[st for _, st in runs])
+    return out
+
+
+def _record_for(cfg) -> dict | None:
+    """What the engine keeps per emitted token for output_scores / output_logits (with return_dict)."""
+    if not cfg.return_dict_in_generate or not (cfg.output_scores or cfg.output_logits):
+        return None
+    return {k: [] for k, on in (("scores", cfg.output_scores), ("logits", cfg.output_logits)) if on}
+
+
+def _output(seq, stats, record) -> GenerateOutput:
+    record = record or {}
+    tup = {k: tuple(v) for k, v in record.items()}
+    return GenerateOutput(sequences=seq, scores=tup.get("scores"), logits=tup.get("logits"), stats=stats)
 
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
@@ -391,8 +437,6 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     into it and never calls it again), so pass the streamer as `specdec_streamer=` on this path (it gets
     the prompt, every token and end(), like HF's own loop); or stream through specdec.wrap(model).
     """
-    from transformers.generation.utils import GenerateDecoderOnlyOutput
-
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(torch.as_tensor(mask).all()):
         raise ValueError("attention_mask with padding is not supported by specdec.hf_custom_generate (one sequence, "
@@ -405,12 +449,11 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     limits = Limits(max_new, 0, _eos_ids(cfg.eos_token_id, model), stopping_criteria)
     sampling = SamplingParams(do_sample=bool(cfg.do_sample))  # HF's processors do the warping
     # a streamer HF hands us already has the prompt; specdec_streamer gets everything from us
+    record = _record_for(cfg)
     seq, stats = engine.generate(prompt, sampling, limits, processors=logits_processor,
                                  streamer=streamer if streamer is not None else specdec_streamer,
-                                 generator=_generator(engine.device), stream_prompt=streamer is None)
+                                 generator=_generator(engine.device), stream_prompt=streamer is None, record=record)
     seq = seq[None].to(input_ids.device)
     if cfg.return_dict_in_generate:
-        out = GenerateDecoderOnlyOutput(sequences=seq)
-        out.stats = stats
-        return out
+        return _output(seq, stats, record)
     return seq

@@ -98,6 +98,7 @@ class Engine:
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
         self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
         self.features: FeatureLog | None = None  # the current generation's, when feature_layers
+        self._record: dict | None = None  # the current generation's output_scores / output_logits lists
         self._busy = threading.Lock()  # one generation at a time: concurrent callers (threads) wait their turn
 
     def release_cache(self) -> None:
@@ -121,14 +122,30 @@ class Engine:
 
     def generate(self, input_ids: torch.Tensor, sampling: SamplingParams, limits: Limits, processors=None,
                  streamer=None, generator: torch.Generator | None = None,
-                 stream_prompt: bool = True, post_processors=None) -> tuple[torch.Tensor, SpecStats]:
+                 stream_prompt: bool = True, post_processors=None,
+                 record: dict | None = None) -> tuple[torch.Tensor, SpecStats]:
         """input_ids [T] int64 -> (sequence [T + N] int64, stats). stream_prompt=False: the caller already
         put the prompt into the streamer (HF's generate does, before a custom decoding loop). Threads
         sharing one engine (one wrap()ed model) run their generations one after another. processors run
-        before specdec's temperature / top-k / top-p warping, post_processors after it (HF's order)."""
+        before specdec's temperature / top-k / top-p warping, post_processors after it (HF's order).
+        record: {"scores": [], "logits": []} (either key) gets, per emitted token, the processed scores and
+        the raw logits [1, V] float32 of the row that produced it."""
         with self._busy:
-            return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
-                                  post_processors)
+            self._record = record
+            try:
+                return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
+                                      post_processors)
+            finally:
+                self._record = None
+
+    def _keep_rows(self, scores: torch.Tensor, logits: torch.Tensor) -> None:
+        """Record one emitted token's processed scores and raw logits ([1, V] each), when asked to."""
+        rec = self._record
+        if rec is not None:
+            if "scores" in rec:
+                rec["scores"].append(scores.clone())
+            if "logits" in rec:
+                rec["logits"].append(logits.float().clone())
 
     @torch.no_grad()
     def _generate(self, input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
@@ -177,6 +194,7 @@ class Engine:
                 stats.prefill_s = time.perf_counter() - t0
                 scores = pipeline(logits, prompt, [[]])
                 first = self._pick(scores, sampling, generator)
+                self._keep_rows(scores[-1:], logits[-1:])
                 tokens = prompt.tolist() + [first]
                 stats.ttft_s = time.perf_counter() - t0
                 if streamer is not None:
@@ -292,6 +310,7 @@ class Engine:
         for tok, row in zip(new, rows):
             tokens.append(tok)
             emitted += 1
+            self._keep_rows(scores[row][None], logits[row][None])
             if self._stops(tokens, T, limits, scores[row][None]):
                 done = True
                 break

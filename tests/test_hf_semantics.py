@@ -131,3 +131,51 @@ def test_threads_generating_with_one_model_all_finish_exactly_and_restore_attent
             assert torch.equal(out, refs[i])
             assert streamed == refs[i][0, prompts[i].shape[1]:].tolist()
     assert target.config._attn_implementation == impl
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_return_dict_is_hfs_output_type_with_scores_and_logits(target, do_sample):
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    draft = build("llama", seed=5, scale=3.0)
+    kw = dict(max_new_tokens=10, eos_token_id=None, return_dict_in_generate=True, output_scores=True,
+              output_logits=True, do_sample=do_sample, repetition_penalty=1.2)
+    if do_sample:
+        kw.update(temperature=0.7, top_k=8)
+    out = specdec.generate(target, IDS, drafter=draft, draft_length=3, **kw)
+    assert isinstance(out, GenerateDecoderOnlyOutput) and out.stats.new_tokens == 10
+    assert out[0] is out["sequences"] is out.sequences and len(out.scores) == len(out.logits) == 10
+    new = out.sequences[0, IDS.shape[1]:]
+    # HF's own loop, forced through specdec's tokens, returns the same per-token scores and logits
+    forced = target.generate(out.sequences[:, :IDS.shape[1]], attention_mask=torch.ones_like(IDS), **{
+        **kw, "do_sample": False, "temperature": None, "top_k": None}) if not do_sample else None
+    for i in range(10):
+        with torch.no_grad():
+            raw = target(out.sequences[:, :IDS.shape[1] + i]).logits[:, -1].float()
+        torch.testing.assert_close(out.logits[i], raw, rtol=1e-4, atol=1e-4)
+        if not do_sample:
+            assert int(out.scores[i].argmax()) == int(new[i])
+    if forced is not None:
+        assert torch.equal(forced.sequences, out.sequences)
+        for a, b in zip(out.scores, forced.scores):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    else:  # sampled tokens lie in the processed support (top-k 8)
+        assert all(torch.isfinite(out.scores[i][0, new[i]]) for i in range(10))
+        assert all(int(torch.isfinite(s).sum()) <= 8 for s in out.scores)
+
+
+def test_num_return_sequences_returns_that_many_independent_samples(target):
+    torch.manual_seed(0)
+    kw = dict(max_new_tokens=8, do_sample=True, temperature=1.5, num_return_sequences=5)
+    out = specdec.generate(target, IDS, drafter="ngram", return_dict_in_generate=True, **kw)
+    hf = target.generate(IDS, attention_mask=torch.ones_like(IDS), **kw)
+    assert out.sequences.shape[0] == hf.shape[0] == 5 and len(out.stats) == 5
+    assert torch.equal(out.sequences[:, :IDS.shape[1]], IDS.expand(5, -1))
+    assert len({tuple(r.tolist()) for r in out.sequences}) > 1  # independent samples, not one repeated
+    for row, st in zip(out.sequences, out.stats):  # EOS (7) ends a row; pad (0) after it
+        gen = row[IDS.shape[1]:].tolist()
+        if 7 in gen:
+            assert all(t == 0 for t in gen[gen.index(7) + 1:])
+        assert st.new_tokens == (gen.index(7) + 1 if 7 in gen else len(gen))
+    with pytest.raises(ValueError, match="num_return_sequences"):  # as HF refuses it
+        specdec.generate(target, IDS, max_new_tokens=4, num_return_sequences=2)
