@@ -142,7 +142,7 @@ def test_stats_are_consistent(target, draft):
     (dict(draft_length=-1), "draft_length"),
     (dict(draft_length="sometimes"), "draft_length"),
     (dict(frobnicate=True), "frobnicate"),
-    (dict(repetition_penalty=1.3), "repetition_penalty"),
+    (dict(renormalize_logits=True), "renormalize_logits"),
     (dict(acceptance="approximately"), "acceptance"),
     (dict(drafter="telepathy"), "telepathy"),
 ])
