@@ -34,7 +34,7 @@ _UNSUPPORTED = {
     "watermarking_config": None, "renormalize_logits": False, "remove_invalid_values": False, "max_time": None,
     "token_healing": None, "dola_layers": None, "prompt_lookup_num_tokens": None,
 }
-_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache")
+_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens")
 
 
 from transformers.generation.utils import GenerateDecoderOnlyOutput  # noqa: E402 (after the stdlib imports)
@@ -254,7 +254,7 @@ def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptan
 
 
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
-                 keep_cache=False, keep_policy=False):
+                 keep_cache=False, keep_policy=False, max_kv_tokens=None):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -272,7 +272,8 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
         policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance)
     else:
         policy = make_policy(draft_length, max_draft_length)
-    return Engine(target, resolved, policy, acceptance=acceptance, tree=tree, keep_cache=keep_cache)
+    return Engine(target, resolved, policy, acceptance=acceptance, tree=tree, keep_cache=keep_cache,
+                  max_kv_tokens=max_kv_tokens)
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
@@ -341,7 +342,7 @@ def _output(seq, stats, record) -> GenerateOutput:
 
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
-             tree=None, acceptance: str = "exact", **kwargs):
+             tree=None, acceptance: str = "exact", max_kv_tokens: int | None = None, **kwargs):
     """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
 
     input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
@@ -349,7 +350,9 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     None (plain decoding through the same engine). tree: None (draft a chain) or a specdec.TreeSpec (draft a
     token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
     a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
-    and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`).
+    and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`). max_kv_tokens:
+    the KV budget in token positions (default: what the generation needs; page tensors grow with the
+    sequence either way); a generation that needs more raises PoolExhausted naming it.
 
     'adaptive' and 'heuristic' keep their estimates from call to call for the same model, drafter object
     and options (see `_kept_policy`); pass a DraftPolicy instance (specdec.policy.make_policy('adaptive'))
@@ -357,7 +360,8 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     only with a fixed int draft_length: the policies pick k from measured time, and k decides how the
     random stream is consumed (every run is still an exact sample of the target's distribution).
     """
-    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True)
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
+                          max_kv_tokens=max_kv_tokens)
     return _run(engine, input_ids, **kwargs)
 
 

@@ -73,7 +73,7 @@ class Engine:
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
                  tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None,
-                 keep_cache: bool = False, lean: bool = True):
+                 keep_cache: bool = False, lean: bool = True, max_kv_tokens: int | None = None):
         if tree is not None:
             if not isinstance(tree, TreeSpec):
                 raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
@@ -91,6 +91,10 @@ class Engine:
         self.tree = tree
         self.pool: PagePool | None = None
         self.keep_cache = keep_cache
+        if max_kv_tokens is not None and (isinstance(max_kv_tokens, bool) or not isinstance(max_kv_tokens, int)
+                                          or max_kv_tokens < 1):
+            raise ValueError(f"max_kv_tokens must be a positive int (token positions of KV), got {max_kv_tokens!r}")
+        self.max_kv_tokens = max_kv_tokens  # the KV budget in token positions; None = what the generation needs
         self._kept: _Kept | None = None
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
         self.target_runner: ModelRunner | None = None  # the current generation's target runner
@@ -113,7 +117,11 @@ class Engine:
         return list(self._kept.tokens) if self._kept is not None else []
 
     def _pool_for(self, tokens: int) -> PagePool:
-        pages = -(-tokens // self.page_size) + 1
+        """A pool of page ids for `tokens` positions (capped by max_kv_tokens). Only ids: the page tensors
+        grow with the sequence (cache/paged.py), so a large budget costs no memory until it is used."""
+        if self.max_kv_tokens is not None:
+            tokens = min(tokens, self.max_kv_tokens)
+        pages = -(-tokens // self.page_size) + (0 if self.max_kv_tokens is not None else 1)
         if self.pool is None or self.pool.num_pages < pages:
             self.pool = PagePool(pages, self.page_size)
         if self.pool.num_used:

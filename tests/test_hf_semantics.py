@@ -179,3 +179,25 @@ def test_num_return_sequences_returns_that_many_independent_samples(target):
         assert st.new_tokens == (gen.index(7) + 1 if 7 in gen else len(gen))
     with pytest.raises(ValueError, match="num_return_sequences"):  # as HF refuses it
         specdec.generate(target, IDS, max_new_tokens=4, num_return_sequences=2)
+
+
+def test_kv_pages_grow_with_the_sequence_and_a_budget_is_enforced_cleanly():
+    from specdec.cache.pool import PoolExhausted
+
+    target = build("llama", seed=0, scale=3.0)  # 128 positions
+    spec = specdec.wrap(target, drafter="ngram", keep_cache=True)  # chat: the pool spans every position
+    spec.generate(IDS, max_new_tokens=6, eos_token_id=None)
+    kept = spec.engine._kept
+    assert spec.engine.pool.num_pages * spec.engine.page_size >= 128
+    assert kept.target.kv.allocated_slots <= 4 * spec.engine.page_size  # ~10 positions used, not 128
+    spec.engine.release_cache()
+    with pytest.raises(PoolExhausted, match="max_kv_tokens"):
+        specdec.generate(target, IDS, drafter="ngram", max_new_tokens=60, eos_token_id=None, max_kv_tokens=32)
+    engine = specdec.api._make_engine(target, "ngram", max_kv_tokens=32)
+    with pytest.raises(PoolExhausted):
+        engine.generate(IDS[0], specdec.api.SamplingParams(), specdec.engine.Limits(60))
+    assert engine.pool.num_used == 0  # nothing left behind
+    ok = specdec.generate(target, IDS, max_new_tokens=20, eos_token_id=None, max_kv_tokens=32)
+    assert torch.equal(ok, hf_greedy(target, IDS, 20, eos_token_id=None))
+    with pytest.raises(ValueError, match="max_kv_tokens must be a positive int"):
+        specdec.generate(target, IDS, max_new_tokens=2, max_kv_tokens=0)

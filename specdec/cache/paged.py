@@ -1,8 +1,10 @@
 """One model's KV page tensors, addressed through the shared block table.
 
-Layout per layer: k[layer], v[layer]: [num_pages * page_size, num_kv_heads, head_dim] (flat slots;
-viewed as [num_pages, page_size, H, D] for kernels). Tensors are allocated on the first write of each
-layer, when the model's head counts and dtype are known (layers may differ, e.g. Gemma's head dims).
+Layout per layer: k[layer], v[layer]: [pages * page_size, num_kv_heads, head_dim] (flat slots; viewed
+as [pages, page_size, H, D] for kernels). Tensors are allocated on the first write of each layer, when
+the model's head counts and dtype are known (layers may differ, e.g. Gemma's head dims), and grow with
+the sequence: they cover the pages the pool has handed out (pool.high_water), doubling as needed up to
+the pool's size, so a large KV budget costs memory only when a sequence uses it.
 `valid` is how many leading positions of the sequence hold this model's KV.
 """
 from __future__ import annotations
@@ -21,16 +23,30 @@ class PagedKV:
         self.v: list[torch.Tensor | None] = [None] * num_layers
         self.valid = 0
 
-    def _alloc(self, layer: int, like: torch.Tensor) -> None:
-        # like: [1, H, n, D]
-        shape = (self.pool.num_pages * self.pool.page_size, like.shape[1], like.shape[3])
+    def _grow(self, layer: int, like: torch.Tensor) -> None:
+        """Make layer's tensors cover every page handed out so far (like: [1, H, n, D]); contents kept."""
+        ps = self.pool.page_size
+        need = self.pool.high_water * ps
+        old_k, old_v = self.k[layer], self.v[layer]
+        have = 0 if old_k is None else old_k.shape[0]
+        if have >= need:
+            return
+        size = min(self.pool.num_pages * ps, max(need, 2 * have, 4 * ps))
+        shape = (size, like.shape[1], like.shape[3])
         self.k[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
         self.v[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if old_k is not None:
+            self.k[layer][:have] = old_k
+            self.v[layer][:have] = old_v
+
+    @property
+    def allocated_slots(self) -> int:
+        """Slots the page tensors hold now (the largest layer's)."""
+        return max((k.shape[0] for k in self.k if k is not None), default=0)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots: [n] int64; k, v: [1, H, n, D] (HF layout)."""
-        if self.k[layer] is None:
-            self._alloc(layer, k)
+        self._grow(layer, k)
         self.k[layer].index_copy_(0, slots, k[0].transpose(0, 1))
         self.v[layer].index_copy_(0, slots, v[0].transpose(0, 1))
 

@@ -22,6 +22,7 @@ class PagePool:
         self.num_pages = num_pages
         self.page_size = page_size
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
+        self.high_water = 0  # 1 + the highest page id ever handed out: page tensors need this many pages
 
     @property
     def num_free(self) -> int:
@@ -36,10 +37,16 @@ class PagePool:
             raise PoolExhausted(
                 f"KV cache budget exceeded: need {n} more pages of {self.page_size} tokens, {len(self._free)} free "
                 f"of {self.num_pages}; raise the KV budget (max_kv_tokens) or lower max_new_tokens")
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        if pages:
+            self.high_water = max(self.high_water, max(pages) + 1)
+        return pages
 
     def free(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))
+        if len(self._free) == self.num_pages:  # all back: start again from page 0 (page tensors stay small)
+            self._free = list(range(self.num_pages - 1, -1, -1))
+            self.high_water = 0
 
 
 class BlockTable:
