@@ -55,6 +55,28 @@ class _Kept:
     features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
 
 
+def _check_draft(drafter, draft: Draft, budget: int, vocab: int) -> None:
+    """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
+    q rows [n, vocab]. A ValueError names the drafter and what it got wrong."""
+    name = type(drafter).__name__
+    n = len(draft)
+    if draft.tokens.dim() != 1 or draft.parents.shape != draft.tokens.shape:
+        raise ValueError(f"drafter {name} returned tokens {tuple(draft.tokens.shape)} and parents "
+                         f"{tuple(draft.parents.shape)}: both must be [n]")
+    if n > budget:
+        raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
+    if n == 0:
+        return
+    lo, hi = int(draft.tokens.min()), int(draft.tokens.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")
+    parents = draft.parents.tolist()
+    if any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError(f"drafter {name} returned parents {parents}: each must be -1 (the root) or an earlier node")
+    if draft.q_probs is not None and tuple(draft.q_probs.shape) != (n, vocab):
+        raise ValueError(f"drafter {name} returned q_probs {tuple(draft.q_probs.shape)}, expected [{n}, {vocab}]")
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -98,6 +120,7 @@ class Engine:
         self._kept: _Kept | None = None
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
         self.target_runner: ModelRunner | None = None  # the current generation's target runner
+        self.vocab_size = target.config.get_text_config().vocab_size
         self.lean = lean  # run the target through hf/lean.py where its probe proves it bit-identical
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
         self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
@@ -282,6 +305,7 @@ class Engine:
                 draft = self._propose_tree(ctx, budget)
             else:
                 draft = self.drafter.propose(ctx, budget)
+                _check_draft(self.drafter, draft, budget, self.vocab_size)
         else:
             draft = Draft.empty(self.device)
         t1 = time.perf_counter()
@@ -362,6 +386,7 @@ class Engine:
         if nodes <= 0:
             return Draft.empty(self.device)
         draft = self.drafter.propose_tree(ctx, spec, nodes)
+        _check_draft(self.drafter, draft, nodes, self.vocab_size)
         if len(draft) == 0:
             return draft
         shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed

@@ -201,3 +201,33 @@ def test_kv_pages_grow_with_the_sequence_and_a_budget_is_enforced_cleanly():
     assert torch.equal(ok, hf_greedy(target, IDS, 20, eos_token_id=None))
     with pytest.raises(ValueError, match="max_kv_tokens must be a positive int"):
         specdec.generate(target, IDS, max_new_tokens=2, max_kv_tokens=0)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda n: specdec.drafters.Draft.chain(torch.tensor([3] * (n + 1))), "budget"),
+    (lambda n: specdec.drafters.Draft.chain(torch.tensor([-1])), "outside the vocabulary"),
+    (lambda n: specdec.drafters.Draft.chain(torch.tensor([VOCAB])), "outside the vocabulary"),
+    (lambda n: specdec.drafters.Draft(torch.tensor([3, 4]), torch.tensor([-1, 1])), "earlier node"),
+    (lambda n: specdec.drafters.Draft.chain(torch.tensor([3]), torch.ones(1, 7)), "q_probs"),
+])
+def test_the_engine_checks_what_a_drafter_returns(bad, match):
+    class Broken:
+        deterministic = False
+
+        def begin(self, engine, seq, prompt=None):
+            pass
+
+        def propose(self, ctx, budget):
+            return bad(budget)
+
+        def accept(self, n):
+            pass
+
+        def end(self):
+            pass
+
+    target = build("llama", seed=0)
+    engine = specdec.api._make_engine(target, Broken(), draft_length=2)
+    with pytest.raises(ValueError, match=f"drafter Broken .*{match}|{match}"):
+        engine.generate(IDS[0], specdec.api.SamplingParams(do_sample=True), specdec.engine.Limits(8))
+    assert engine.pool.num_used == 0
