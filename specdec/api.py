@@ -365,6 +365,10 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     return _run(engine, input_ids, **kwargs)
 
 
+class _StreamClosed(Exception):
+    """Raised inside a stream() worker when its consumer has left; ends that generation cleanly."""
+
+
 class SpecModel:
     """`wrap(target, drafter=...)`: use it like the HF model; generate() speculates, the rest falls through."""
 
@@ -381,15 +385,21 @@ class SpecModel:
         return _run(self.engine, input_ids, **kwargs)
 
     def stream(self, input_ids=None, **kwargs):
-        """Yield lists of new token ids as the target accepts them; the last item is the SpecStats."""
+        """Yield lists of new token ids as the target accepts them; the last item is the SpecStats.
+
+        Breaking out of the loop (or closing the generator) stops the worker at its next accepted tokens
+        and waits for it, so its pages are back in the pool when the loop is left."""
         from transformers.generation.streamers import BaseStreamer
 
         q: queue.Queue = queue.Queue()
+        stop = threading.Event()
 
         class _Q(BaseStreamer):
             first = True
 
             def put(self, value):
+                if stop.is_set():
+                    raise _StreamClosed()
                 if self.first:  # HF streamers receive the prompt first
                     self.first = False
                     return
@@ -409,9 +419,12 @@ class SpecModel:
 
         t = threading.Thread(target=work, daemon=True)
         t.start()
-        while (item := q.get()) is not None:
-            yield item
-        t.join()
+        try:
+            while (item := q.get()) is not None:
+                yield item
+        finally:  # also when the consumer stops early (GeneratorExit)
+            stop.set()
+            t.join()
         if "err" in result:
             raise result["err"]
         yield result["out"].stats

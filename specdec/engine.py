@@ -184,6 +184,8 @@ class Engine:
         prompt = input_ids.to(self.device)
         T = prompt.numel()
         max_draft = getattr(self.policy, "max_length", 8)
+        if max_draft is None:  # an unbounded policy (HF's heuristic): a draft never outruns the tokens left
+            max_draft = limits.max_new_tokens
         if self.tree is not None:
             max_draft = max(max_draft, self.tree.max_slots)
         max_pos = max_positions_of(self.target)

@@ -231,3 +231,26 @@ def test_the_engine_checks_what_a_drafter_returns(bad, match):
     with pytest.raises(ValueError, match=f"drafter Broken .*{match}|{match}"):
         engine.generate(IDS[0], specdec.api.SamplingParams(do_sample=True), specdec.engine.Limits(8))
     assert engine.pool.num_used == 0
+
+
+def test_breaking_out_of_stream_stops_the_worker_and_frees_its_pages():
+    import threading
+
+    target = build("llama", seed=0, scale=3.0)
+    spec = specdec.wrap(target, drafter="ngram")
+    before = threading.active_count()
+    for chunk in spec.stream(IDS, max_new_tokens=100, eos_token_id=None):
+        break
+    assert threading.active_count() == before and spec.engine.pool.num_used == 0
+    full = list(spec.stream(IDS, max_new_tokens=10, eos_token_id=None))  # the engine is free again
+    assert sum(full[:-1], []) == hf_greedy(target, IDS, 10, eos_token_id=None)[0, IDS.shape[1]:].tolist()
+
+
+def test_heuristic_policy_without_a_bound():
+    from specdec.policy import HeuristicPolicy
+
+    target = build("llama", seed=0, scale=3.0)
+    out = specdec.generate(target, IDS, drafter=target, draft_length=HeuristicPolicy(max_length=None),
+                           max_new_tokens=60, eos_token_id=None, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, hf_greedy(target, IDS, 60, eos_token_id=None))
+    assert max(out.stats.draft_lengths) > 8  # a self-draft is always accepted: the budget keeps growing
