@@ -107,7 +107,11 @@ class Engine:
         self.policy = policy
         self.page_size = page_size
         self.device = next(target.parameters()).device
-        self.kernel = (self.device.type == "cuda") if kernel is None else kernel
+        if kernel is None:  # Triton where it can run on this device (SPECDEC_KERNELS=torch|triton overrides)
+            from .kernels import on_triton
+
+            kernel = on_triton(self.device)
+        self.kernel = kernel
         self.tree_with_replacement = tree_with_replacement
         self.acceptance = acceptance
         self.tree = tree

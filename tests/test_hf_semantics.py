@@ -254,3 +254,18 @@ def test_heuristic_policy_without_a_bound():
                            max_new_tokens=60, eos_token_id=None, return_dict_in_generate=True)
     assert torch.equal(out.sequences, hf_greedy(target, IDS, 60, eos_token_id=None))
     assert max(out.stats.draft_lengths) > 8  # a self-draft is always accepted: the budget keeps growing
+
+
+def test_the_kernel_path_follows_what_triton_can_run(monkeypatch):
+    import specdec.kernels as K
+
+    target = build("llama", seed=0)
+    monkeypatch.setenv("SPECDEC_KERNELS", "auto")
+    assert specdec.api._make_engine(target, "ngram").kernel is False  # CPU tensors: the torch path
+    monkeypatch.setattr(K, "_triton_importable", lambda: False)
+    assert K.on_triton("cuda") is False  # a CUDA machine without Triton keeps the torch path
+    monkeypatch.setattr(K, "_triton_importable", lambda: True)
+    monkeypatch.setenv("SPECDEC_KERNELS", "torch")
+    assert K.on_triton("cuda") is False
+    monkeypatch.setenv("SPECDEC_KERNELS", "triton")
+    assert specdec.api._make_engine(target, "ngram").kernel is True  # forced (CPU tensors: the interpreter)
