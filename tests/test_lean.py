@@ -160,3 +160,21 @@ def test_entering_at_a_layer_with_hidden_states_matches_the_hf_modules_bit_for_b
         with pytest.raises(ValueError, match="entering a layer > 0"):
             runner.forward(tokens[10:], hidden=hidden[:2], start_layer=2)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_lean_refuses_rope_that_changes_with_the_sequence_length():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.cache.pool import BlockTable, PagePool
+    from specdec.hf.lean import LeanRunner
+
+    cfg = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128,
+                      rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    pool = PagePool(4, 8)
+    assert LeanRunner.for_model(model, pool, BlockTable(pool), exact=True) is None
+    ids = torch.randint(3, 61, (1, 5), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+    assert torch.equal(specdec.generate(model, ids, drafter="ngram", max_new_tokens=40), want)

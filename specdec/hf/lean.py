@@ -100,7 +100,7 @@ class LeanRunner(ModelRunner):
                   exact: bool = False) -> "LeanRunner | None":
         """A LeanRunner if `model` is supported and reproduces its HF forward on the probe (bit for bit if
         `exact`), else None. Not on the kernel path (the Triton kernels read the pages themselves)."""
-        if kernel or type(model).__name__ not in SUPPORTED:
+        if kernel or type(model).__name__ not in SUPPORTED or not _static_rope(model):
             return None
         p = next(model.parameters())
         verdicts = _verdicts.setdefault(model, {})
@@ -163,6 +163,18 @@ class LeanRunner(ModelRunner):
             self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
         rows = x if logits_rows is None else (x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows])
         return self.head(_rms(self.final_norm, rows)).float()
+
+
+# RoPE types whose frequencies depend on the sequence length: the lean loop's one cos/sin table cannot
+# reproduce them past the probe's 12 tokens, so it never certifies itself for them
+DYNAMIC_ROPE = ("dynamic", "longrope")
+
+
+def _static_rope(model) -> bool:
+    cfg = model.config.get_text_config()
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    return kind not in DYNAMIC_ROPE
 
 
 @torch.no_grad()
