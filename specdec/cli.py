@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from .files import write_text
+
 
 def _load(spec: str, role: str, dtype: str = "float32"):
     """A model from a zoo name ('target', 'draft-wide'), a local directory or a hub id.
@@ -157,11 +159,11 @@ def cmd_bench(a) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("") if out.suffix in (".md", ".json") else out  # a dotted name (qwen2.5) keeps its dot
     out_json, out_md = stem.parent / (stem.name + ".json"), stem.parent / (stem.name + ".md")
-    out_json.write_text(json.dumps(report, indent=2))
+    write_text(out_json, json.dumps(report, indent=2))
     cmd = "specdec bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "specdec bench"
     drafter = (f"drafter ngram (prompt lookup; HF prompt lookup at k = {max(a.k)})" if draft == "ngram" else
                f"drafter {a.drafter} ({a.draft_dtype}, the same for HF assisted)")
-    out_md.write_text(f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
+    write_text(out_md, f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
                       f"{', chat template' if chat else ''}, "
                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
                       f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .files import save_figure, write_text
 from .policy import expected_tokens
 
 
@@ -138,7 +139,7 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
 
 def write_report(report: dict, out_dir: Path, temperatures, command: str | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    write_text(out_dir / "report.json", json.dumps(report, indent=2, default=str))
     lines = ["# Draft selection", ""] + ([f"`{command}`", ""] if command else [])
     lines += ["| rank | draft | temperature | alpha | tau@max_k | c | best k (pred / meas) | predicted best | "
               "measured best | prediction error (mean / max over k) |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -172,7 +173,7 @@ def write_report(report: dict, out_dir: Path, temperatures, command: str | None 
                ylim=(0, 1))
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out_dir / "acceptance_by_position.png", dpi=100)
+        save_figure(fig, out_dir / "acceptance_by_position.png", dpi=100)
         plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 4))
         for i, name in enumerate(report["ranking"]):
@@ -187,9 +188,9 @@ def write_report(report: dict, out_dir: Path, temperatures, command: str | None 
         ax.set(xlabel="draft length k", ylabel="speedup vs plain decoding", title="Speedup vs k")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_dir / "speedup_vs_k.png", dpi=100)
+        save_figure(fig, out_dir / "speedup_vs_k.png", dpi=100)
         plt.close(fig)
         files += [out_dir / "acceptance_by_position.png", out_dir / "speedup_vs_k.png"]
         lines += ["", "![acceptance](acceptance_by_position.png)", "", "![speedup](speedup_vs_k.png)"]
-    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    write_text(out_dir / "report.md", "\n".join(lines) + "\n")
     return files

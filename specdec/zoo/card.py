@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files import write_text
 from . import MODELS_DIR, load, prompts, shipped
 from .corpus import EOS, read_texts
 from .train import heldout_loss
@@ -141,7 +142,7 @@ def _agreement_curve(log: Path, points: int = 8) -> list[tuple[int, float]]:
 def write_cards(results: dict) -> None:
     for name, rec in results["models"].items():
         d = MODELS_DIR / name
-        (d / "card.json").write_text(json.dumps({**rec, "unigram_loss": results["unigram_loss"]}, indent=2))
+        write_text(d / "card.json", json.dumps({**rec, "unigram_loss": results["unigram_loss"]}, indent=2))
         lines = [f"# specdec zoo: {name}", "",
                  f"Llama architecture, {rec['layers']} layer(s), hidden {rec['hidden']}, {rec['params'] / 1e6:.2f}M "
                  f"parameters (tied embeddings), byte-level BPE vocabulary of 4096, trained on the CPython "
@@ -173,4 +174,4 @@ def write_cards(results: dict) -> None:
                   f"{results['new_tokens']} new tokens each, by `specdec zoo card`.", "",
                   "Greedy continuation of the first held-out prompt:", "", "```python", results["prompt"] + rec["sample"],
                   "```", ""]
-        (d / "README.md").write_text("\n".join(lines))
+        write_text(d / "README.md", "\n".join(lines))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..files import write_text
 from .corpus import EOS, read_texts
 
 # name -> (layers, hidden, heads, kv_heads, intermediate, teacher)  teacher: None | "target" | "target+init"
@@ -224,11 +225,11 @@ def train(args: TrainArgs) -> dict:
                "args": {k: os.path.relpath(v) if isinstance(v, Path) else str(v) for k, v in asdict(args).items()}}
     if reference is not None:
         summary["heldout_agreement"] = round(agreement(model, agree_x, agree_y), 4)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     out = args.out / args.name
     model.to(torch.float16).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(args.work / "tokenizer").save_pretrained(out)
-    (out / "training.json").write_text(json.dumps(summary, indent=2))
+    write_text(out / "training.json", json.dumps(summary, indent=2))
     log.close()
     shutil.copyfile(run_dir / "log.jsonl", out / "training_log.jsonl")  # the loss (and agreement) curve
     print(f"[zoo] {args.name}: held-out loss {loss:.3f} (ppl {math.exp(loss):.1f}) -> {out}")
