@@ -114,7 +114,7 @@ def test_shipped_heads_load_for_their_targets_and_not_as_models():
     target, tok = specdec.zoo.load("target")
     head = FeatureHead.from_pretrained(specdec.zoo.path("target-head"), target)
     ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
-    out = specdec.generate(target, ids, drafter=head, max_new_tokens=32, return_dict_in_generate=True)
+    out = specdec.generate(target, ids, drafter=head, draft_length=4, max_new_tokens=32, return_dict_in_generate=True)
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=32, do_sample=False))
     assert out.stats.mean_accepted_length > 1.3
     card = specdec.zoo.card("target-head")

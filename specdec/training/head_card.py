@@ -39,7 +39,8 @@ def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: 
     ids_list = card_prompts(tok, num_prompts)
     modes = {f"k={k}": dict(draft_length=k) for k in ks}
     modes["adaptive"] = {}
-    modes["tree dynamic(16, 5, 4)"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4))
+    modes["tree dynamic(16, 5, 4), 16 nodes"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4), draft_length=16)
+    modes["tree dynamic(16, 5, 4), adaptive"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4))
     rows = {}
     plain_tpot = []
     sample = None
