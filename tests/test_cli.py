@@ -48,3 +48,20 @@ def test_the_demos_default_output_is_not_a_degenerate_loop():
     out = specdec.generate(target, ids, max_new_tokens=DEMO_NEW_TOKENS, draft_length=0)[0, ids.shape[1]:].tolist()
     grams = [tuple(out[i:i + 4]) for i in range(len(out) - 3)]
     assert len(out) == DEMO_NEW_TOKENS and 1 - len(set(grams)) / len(grams) < 0.1  # prompt 0, the old default, fails it
+
+
+def test_train_head_then_draft_with_it_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "head"
+    args = ["train-head", "--target", "target", "--out", str(out), "--steps", "4", "--batch", "2", "--seq-len", "32",
+            "--num-prompts", "6", "--max-new-tokens", "12", "--num-text-chunks", "2", "--text-tokens", "32",
+            "--gen-batch", "6", "--draft-vocab", "256", "--eval-every", "4", "--threads", "1", "--stop-at", "2"]
+    main(args)
+    assert "rerun the same command to resume" in capsys.readouterr().out and not out.exists()
+    main(args[:-2])  # resumes at step 2
+    assert (out / "head.safetensors").exists() and "head saved" in capsys.readouterr().out
+    main(["demo", "--drafter", f"head:{out}", "--max-new-tokens", "16", "--repeats", "1", "--no-stream",
+          "--threads", "1"])
+    assert "output identical to target-only greedy: yes" in capsys.readouterr().out
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "train-head", "--target", "target", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "exists" in r.stderr and "Traceback" not in r.stderr
