@@ -1,9 +1,11 @@
 """specdec: lossless speculative decoding for Hugging Face causal LMs over a shared paged KV cache."""
 from . import zoo
 from .api import GenerateOutput, SpecModel, generate, hf_custom_generate, wrap
+from .policy import AcceptanceTracker, DraftPolicy
 from .quantize import int8_draft
 from .stats import SpecStats
 from .tree import TreeSpec
 
-__all__ = ["zoo", "TreeSpec", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats", "int8_draft"]
+__all__ = ["zoo", "TreeSpec", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats",
+           "int8_draft", "AcceptanceTracker", "DraftPolicy"]
 __version__ = "0.1.0"

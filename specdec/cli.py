@@ -244,6 +244,10 @@ def cmd_zoo(a) -> None:
             extra = (f"  ppl {c['heldout_ppl']:.1f}" if c else "") + \
                     (f"  acceptance@4 {c['acceptance_k4']:.2f}  c {c['c']:.2f}" if c.get("acceptance_k4") else "")
             print(f"{n:28s} shipped        {zoo.path(n)}{extra}")
+        for n in zoo.heads():
+            modes = zoo.card(n).get("modes", {})
+            best = max((r["tau"] for r in modes.values()), default=None)
+            print(f"{n:28s} shipped head   {zoo.path(n)}" + (f"  best tau {best:.2f}" if best else ""))
         print(f"real models (materialised into {zoo.real.home() / 'models'}; `specdec zoo get NAME` installs and "
               "materialises one):")
         for n, m in zoo.real.MODELS.items():

@@ -65,3 +65,11 @@ def test_train_head_then_draft_with_it_from_the_command_line(tmp_path, capsys):
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "train-head", "--target", "target", "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "exists" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_python_dash_m_specdec_is_the_command_and_the_policy_types_are_top_level():
+    import specdec
+
+    r = subprocess.run([sys.executable, "-m", "specdec", "zoo", "list"], capture_output=True, text=True)
+    assert r.returncode == 0 and "target-head" in r.stdout
+    assert specdec.AcceptanceTracker.__name__ == "AcceptanceTracker" and specdec.DraftPolicy.__name__ == "DraftPolicy"

@@ -1,0 +1,4 @@
+"""`python -m specdec ...` is the `specdec` command."""
+from .cli import main
+
+main()
