@@ -221,8 +221,8 @@ def summarise(results: dict, k, greedy: bool) -> dict:
                        draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
                        ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal if ideal else None)
         out["modes"][name] = row
-    drafted = {n: r for n, r in out["modes"].items()
-               if n.startswith("specdec") and n not in ("specdec ngram", "specdec plain")}
+    drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and n != "specdec plain"
+               and not n.startswith(("specdec ngram", "specdec head", "specdec early exit"))}
     if drafted and hf_best:  # the headline: specdec's best mode with the draft vs HF's best with the same draft
         name = max(drafted, key=lambda n: drafted[n]["tokens_per_s"])
         plain = out["modes"].get("specdec plain")
@@ -231,6 +231,15 @@ def summarise(results: dict, k, greedy: bool) -> dict:
                                   "fraction_of_ideal": drafted[name].get("fraction_of_ideal"),
                                   "vs_specdec_plain": drafted[name]["tokens_per_s"] / plain["tokens_per_s"]
                                   if plain else None}
+    heads = {n: r for n, r in out["modes"].items() if n.startswith("specdec head")}
+    hf_any = {n: r for n, r in out["modes"].items() if n.startswith("HF")}
+    if heads:  # the feature head against target-only and HF's best option for this target
+        name = max(heads, key=lambda n: heads[n]["tokens_per_s"])
+        hf_name = max(hf_any, key=lambda n: hf_any[n]["tokens_per_s"]) if hf_any else None
+        out["best_head"] = {"mode": name, "speedup": heads[name]["speedup"], "tau": heads[name].get("tau"),
+                            "c": heads[name].get("c"), "hf_best_mode": hf_name,
+                            "vs_hf_best": heads[name]["tokens_per_s"] / hf_any[hf_name]["tokens_per_s"]
+                            if hf_name else None}
     return out
 
 
@@ -259,6 +268,12 @@ def to_markdown(report: dict) -> str:
             f"{f(r.get('prefill_s') and r['prefill_s'] * 1e3, 1)} | {f(r.get('decode_s'))} | "
             f"{f(r.get('fraction_of_ideal') and 100 * r['fraction_of_ideal'], 0)} | "
             f"{'**' + str(r['mismatches']) + '**' if r['mismatches'] else 0} |")
+    head = report.get("best_head")
+    if head:
+        vs = (f", {head['vs_hf_best']:.2f}x HF's best option here ({head['hf_best_mode']})"
+              if head.get("vs_hf_best") else "")
+        lines += ["", f"Best feature-head mode: **{head['mode']}**, {head['speedup']:.2f}x target-only{vs}; "
+                      f"tau {head['tau']:.2f}, c {head['c']:.3f}."]
     best = report.get("best_with_draft")
     if best:
         lines += ["", f"Best specdec mode with the draft: **{best['mode']}**, {best['speedup']:.2f}x target-only, "

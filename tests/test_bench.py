@@ -28,6 +28,11 @@ def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
     assert abs(best["vs_specdec_plain"] - modes[best["mode"]]["tokens_per_s"] / plain) < 1e-9
     assert best["speedup"] == max(r["speedup"] for n, r in modes.items() if n.startswith("specdec k=") or
                                   n == "specdec adaptive")
+    # the shipped zoo head joins by default: its modes, greedy-exact, and its own headline
+    head = report["best_head"]
+    assert head["mode"].startswith("specdec head") and modes[head["mode"]]["mismatches"] == 0
+    assert head["speedup"] == max(r["speedup"] for n, r in modes.items() if n.startswith("specdec head"))
+    assert "Best feature-head mode" in out.with_suffix(".md").read_text()
 
 
 def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):

@@ -15,7 +15,9 @@ def test_zoo_lists_a_target_and_several_drafts_then_the_real_models():
     assert names[0] == "target" and names[:len(shipped)] == shipped
     drafts = [n for n in shipped if n.startswith("draft")]
     assert len(drafts) >= 3 and len(shipped) == len(drafts) + 1
-    assert names[len(shipped):] == ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b-instruct"]
+    heads = specdec.zoo.heads()
+    assert names[len(shipped):len(shipped) + len(heads)] == heads and "target-head" in heads
+    assert names[len(shipped) + len(heads):] == ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b-instruct"]
     assert all(specdec.zoo.status(n) == "shipped" for n in shipped)
 
 
