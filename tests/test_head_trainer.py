@@ -78,3 +78,19 @@ def test_trainer_errors_name_the_problem(tmp_path, zoo_target):
     train_head(first, target, tok, progress=False)
     with pytest.raises(ValueError, match="other settings"):
         train_head(args(tmp_path, "s", steps=1, max_new_tokens=8, out=tmp_path / "s2"), target, tok, progress=False)
+
+
+def test_a_saved_head_continues_on_a_new_machine(tmp_path, zoo_target):
+    """--resume-from: no checkpoint in the (new) work folder; the saved fp16 head gives weights, step and the
+    draft vocabulary, and training continues from there (AdamW afresh)."""
+    target, tok = zoo_target
+    first = args(tmp_path, "first", steps=4)
+    train_head(first, target, tok, progress=False)
+    moved = args(tmp_path, "moved", steps=6, resume_from=first.out)
+    train_head(moved, target, tok, progress=False)
+    assert sorted(losses(moved.work)) == [5, 6]  # steps 1-4 were the first machine's
+    cfg = json.loads((moved.out / "head_config.json").read_text())
+    assert cfg["trained"]["steps"] == 6
+    a = FeatureHead.from_pretrained(first.out, target).net
+    b = FeatureHead.from_pretrained(moved.out, target).net
+    assert torch.equal(a.vocab_ids, b.vocab_ids) and not torch.equal(a.fc.weight, b.fc.weight)

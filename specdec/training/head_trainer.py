@@ -190,8 +190,6 @@ def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
             net.config.feature_layers) or cfg.get("draft_vocab", 0) != net.config.draft_vocab:
         raise ValueError(f"--resume-from {path}: that head was trained for another target or with other settings")
     state = load_file(str(path / "head.safetensors"))
-    if not torch.equal(state["vocab_ids"], net.vocab_ids):
-        raise ValueError(f"--resume-from {path}: its draft vocabulary differs from this data's (other data?)")
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     trained = cfg.get("trained", {})
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
@@ -273,7 +271,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     bar.close()
     data = head_data.Dataset(paths)
     vocab = config.vocab_size
-    if args.draft_vocab and args.draft_vocab < vocab:
+    if args.resume_from is not None and not (work / "checkpoint.json").exists():
+        ids = load_file(str(Path(args.resume_from) / "head.safetensors"))["vocab_ids"]  # the saved head's subset
+        config.draft_vocab = ids.numel() if ids.numel() < vocab else 0
+    elif args.draft_vocab and args.draft_vocab < vocab:
         counts = data.token_counts(vocab)
         ids = torch.sort(torch.topk(counts, args.draft_vocab, sorted=True).indices).values
         config.draft_vocab = args.draft_vocab
