@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache.pool import BlockTable, PagePool
-from .drafters.base import Draft, DraftContext, FeatureDrafter
+from .drafters.base import Draft, DraftContext, FeatureDrafter, check_draft
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
@@ -53,28 +53,6 @@ class _Kept:
     target: ModelRunner
     tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
     features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
-
-
-def _check_draft(drafter, draft: Draft, budget: int, vocab: int) -> None:
-    """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
-    q rows [n, vocab]. A ValueError names the drafter and what it got wrong."""
-    name = type(drafter).__name__
-    n = len(draft)
-    if draft.tokens.dim() != 1 or draft.parents.shape != draft.tokens.shape:
-        raise ValueError(f"drafter {name} returned tokens {tuple(draft.tokens.shape)} and parents "
-                         f"{tuple(draft.parents.shape)}: both must be [n]")
-    if n > budget:
-        raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
-    if n == 0:
-        return
-    lo, hi = int(draft.tokens.min()), int(draft.tokens.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")
-    parents = draft.parents.tolist()
-    if any(not -1 <= p < i for i, p in enumerate(parents)):
-        raise ValueError(f"drafter {name} returned parents {parents}: each must be -1 (the root) or an earlier node")
-    if draft.q_probs is not None and tuple(draft.q_probs.shape) != (n, vocab):
-        raise ValueError(f"drafter {name} returned q_probs {tuple(draft.q_probs.shape)}, expected [{n}, {vocab}]")
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -311,7 +289,7 @@ class Engine:
                 draft = self._propose_tree(ctx, budget)
             else:
                 draft = self.drafter.propose(ctx, budget)
-                _check_draft(self.drafter, draft, budget, self.vocab_size)
+                check_draft(self.drafter, draft, budget, self.vocab_size)
         else:
             draft = Draft.empty(self.device)
         t1 = time.perf_counter()
@@ -392,7 +370,7 @@ class Engine:
         if nodes <= 0:
             return Draft.empty(self.device)
         draft = self.drafter.propose_tree(ctx, spec, nodes)
-        _check_draft(self.drafter, draft, nodes, self.vocab_size)
+        check_draft(self.drafter, draft, nodes, self.vocab_size)
         if len(draft) == 0:
             return draft
         shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed

@@ -33,9 +33,9 @@ def test_explicit_top_k_none_disables_top_k(target):
     torch.manual_seed(0)
     out = specdec.generate(target, IDS, do_sample=True, top_k=None, max_new_tokens=3, eos_token_id=None,
                            return_dict_in_generate=True)
-    cfg, _, _ = specdec.api._generation_config(target, None, dict(do_sample=True, top_k=None))
+    cfg, _, _ = specdec.generation_config.resolve_config(target, None, dict(do_sample=True, top_k=None))
     assert cfg.top_k is None and out.sequences.shape[1] == IDS.shape[1] + 3
-    cfg, _, _ = specdec.api._generation_config(target, None, dict(do_sample=True))
+    cfg, _, _ = specdec.generation_config.resolve_config(target, None, dict(do_sample=True))
     assert cfg.top_k == 50  # HF's default when nobody says otherwise
 
 
@@ -44,8 +44,8 @@ def test_min_new_tokens_takes_precedence_over_min_length(target):
     want = target.generate(IDS, attention_mask=torch.ones_like(IDS), **kw)
     got = specdec.generate(target, IDS, drafter="ngram", **kw)
     assert torch.equal(got, want)
-    limits, _ = specdec.api._limits_and_sampling(
-        specdec.api._generation_config(target, None, kw)[0], IDS.shape[1], None, target, False)
+    limits, _ = specdec.generation_config.limits_and_sampling(
+        specdec.generation_config.resolve_config(target, None, kw)[0], IDS.shape[1], None, target, False)
     assert limits.min_new_tokens == 6
 
 

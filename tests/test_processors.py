@@ -120,17 +120,17 @@ def test_sampling_with_repetition_penalty_follows_the_target(shape, lossy, monke
 def test_the_pipeline_processes_scores_exactly_as_hfs_processor_list(models, kw):
     """specdec's processing of one row (HF's processors from the config, its own temperature / top-k / top-p,
     then the later warpers) equals HF's whole processor list for the same config, element for element."""
-    from specdec.api import _config_processors, _generation_config, _limits_and_sampling
+    from specdec.generation_config import config_processors, limits_and_sampling, resolve_config
     from specdec.processing import LogitsPipeline
 
     target, _ = models
-    cfg = _generation_config(target, None, {"do_sample": True, "temperature": 0.8, "top_k": 0, "max_new_tokens": 10,
+    cfg = resolve_config(target, None, {"do_sample": True, "temperature": 0.8, "top_k": 0, "max_new_tokens": 10,
                                             "eos_token_id": None, **kw})[0]
     ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
     scores = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(3)) * 3
     target._prepare_special_tokens(cfg, True, device="cpu")
     want = target._get_logits_processor(cfg, 5, device="cpu")(ids, scores.clone())
-    _, sampling = _limits_and_sampling(cfg, 5, None, target, False)
-    before, after = _config_processors(target, cfg, 5, None, "cpu")
+    _, sampling = limits_and_sampling(cfg, 5, None, target, False)
+    before, after = config_processors(target, cfg, 5, None, "cpu")
     got = LogitsPipeline(sampling, 5, 0, [], before, after)(scores.clone(), ids[0, :7], [ids[0, 7:].tolist()])
     assert torch.equal(got, want)

@@ -112,3 +112,25 @@ class FeatureDrafter(Drafter, Protocol):
     feature_layers: tuple
 
     def attach(self, features) -> None: ...
+
+
+def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> None:
+    """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
+    q rows [n, vocab]. A ValueError names the drafter and what it got wrong."""
+    name = type(drafter).__name__
+    n = len(draft)
+    if draft.tokens.dim() != 1 or draft.parents.shape != draft.tokens.shape:
+        raise ValueError(f"drafter {name} returned tokens {tuple(draft.tokens.shape)} and parents "
+                         f"{tuple(draft.parents.shape)}: both must be [n]")
+    if n > budget:
+        raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
+    if n == 0:
+        return
+    lo, hi = int(draft.tokens.min()), int(draft.tokens.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")
+    parents = draft.parents.tolist()
+    if any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError(f"drafter {name} returned parents {parents}: each must be -1 (the root) or an earlier node")
+    if draft.q_probs is not None and tuple(draft.q_probs.shape) != (n, vocab):
+        raise ValueError(f"drafter {name} returned q_probs {tuple(draft.q_probs.shape)}, expected [{n}, {vocab}]")

