@@ -133,8 +133,9 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
     head_w = target.get_output_embeddings().weight
     hits = torch.zeros(depth)
     count = 0
+    device = next(net.parameters()).device
     for toks, feats, loss_from in data.heldout[:max_seqs]:
-        f = feats.float()[None]
+        f, toks = feats.float()[None].to(device), toks.to(device)
         n = f.shape[1]
         if n < depth + 3:
             continue
@@ -148,7 +149,7 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
                 ok = ok and bool(got[j][r + j] == want[r + j])
                 hits[j] += ok
             count += 1
-    accept = (hits / max(1, count)).tolist()
+    accept = (hits / max(1, count)).tolist()  # hits counted on the host
     return {"accept": [round(a, 4) for a in accept], "tau": round(1 + sum(accept), 3), "positions": count}
 
 
@@ -251,6 +252,9 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     torch.set_num_threads(args.threads)
     if target is None:
         target, tok = load_target(args.target)
+        if torch.cuda.is_available():  # a GPU when there is one (data generation, features and training)
+            target = target.to("cuda")
+    device = next(target.parameters()).device
     check_target(target)
     for p in target.parameters():
         p.requires_grad_(False)
@@ -283,6 +287,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     torch.manual_seed(args.seed)  # the head's random initialisation
     net = HeadNet(config)
     net.vocab_ids.copy_(ids)
+    net.to(device)
     net.init_from_target(target)
     net.bind(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -298,7 +303,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         while step < end:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, args)
-            feats, toks, mask = make_batch(data, step, args)
+            feats, toks, mask = (t.to(device) for t in make_batch(data, step, args))
             loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
