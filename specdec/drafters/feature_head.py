@@ -24,9 +24,10 @@ from safetensors.torch import load_file
 
 from ..cache.paged import PagedKV
 from ..tree import TreeGrower, TreeSpec
-from ..verifiers.sampling import probs_from_scores, sample
+from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext
 from .head_model import HeadConfig, HeadNet, fingerprint
+from .model import draft_chain
 
 CONFIG_NAME, WEIGHTS_NAME = "head_config.json", "head.safetensors"
 
@@ -92,35 +93,21 @@ class FeatureHead:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
-        greedy = not ctx.sampling.do_sample
-        self.deterministic = greedy
-        stop = ctx.should_continue
+        self.deterministic = not ctx.sampling.do_sample
         device = ctx.tokens.device
         feat, scores = self._catch_up(ctx.tokens)  # the root's predicted feature [1, H] and its draft scores
-        pos = self.kv.valid  # the first scratch position
-        out: list[int] = []
-        qs = []
-        for i in range(budget):
-            scores = ctx.process(scores, ctx.tokens, [out])
-            if greedy:
-                x = int(scores[0].argmax())
-                conf = float(torch.softmax(scores[0], -1)[x]) if stop is not None else 1.0
-            else:
-                q = probs_from_scores(scores)
-                x = int(sample(q, ctx.generator)[0])
-                qs.append(q[0])
-                conf = float(q[0, x])
-            out.append(x)
-            if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
-                break
+        pos = self.kv.valid  # the first scratch position: draft token i + 1's entry sits at pos + i
+
+        def advance(x: int, i: int) -> torch.Tensor:  # the next entry reads the feature the last one predicted
+            nonlocal feat
             p = pos + i
             self.table.reserve(p + 1)
             slots = self.table.slots(0, p + 1)
             feat = self._run(feat, torch.tensor([x], device=device), torch.tensor([p], device=device),
                              slots[-1:], slots, None)
-            scores = self._full_scores(feat)
-        tokens = torch.tensor(out, dtype=torch.long, device=device)
-        return Draft.chain(tokens, None if greedy else torch.stack(qs))
+            return self._full_scores(feat)
+
+        return draft_chain(ctx, budget, scores, advance)
 
     @torch.no_grad()
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:

@@ -20,6 +20,32 @@ from ..verifiers.sampling import probs_from_scores, sample
 from .base import Draft, DraftContext
 
 
+def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -> Draft:
+    """The chain-drafting loop every autoregressive drafter shares: process the draft logits [1, V] like
+    the target's rows, pick (argmax, or sample and keep q), stop at the budget or the policy's stop rule,
+    else `advance(token, i)` -> the next position's logits [1, V]. Greedy drafts are deterministic (q None)."""
+    greedy = not ctx.sampling.do_sample
+    stop = ctx.should_continue
+    out: list[int] = []
+    qs = []
+    for i in range(budget):
+        scores = ctx.process(logits, ctx.tokens, [out])
+        if greedy:
+            x = int(scores[0].argmax())
+            conf = float(torch.softmax(scores[0], -1)[x]) if stop is not None else 1.0
+        else:
+            q = probs_from_scores(scores)
+            x = int(sample(q, ctx.generator)[0])
+            qs.append(q[0])
+            conf = float(q[0, x])
+        out.append(x)
+        if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
+            break
+        logits = advance(x, i)
+    tokens = torch.tensor(out, dtype=torch.long, device=ctx.tokens.device)
+    return Draft.chain(tokens, None if greedy else torch.stack(qs))
+
+
 def vocab_size_of(model) -> int:
     return model.config.get_text_config().vocab_size
 
@@ -56,29 +82,11 @@ class ModelDrafter:
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner
-        greedy = not ctx.sampling.do_sample
-        self.deterministic = greedy
-        stop = ctx.should_continue
-        pending = ctx.tokens[runner.valid:]
-        logits = runner.forward(pending, logits_rows=1)  # catch up + the first draft position
-        out: list[int] = []
-        qs = []
-        for i in range(budget):
-            scores = ctx.process(logits, ctx.tokens, [out])
-            if greedy:
-                x = int(scores[0].argmax())
-                conf = float(torch.softmax(scores[0], -1)[x]) if stop is not None else 1.0
-            else:
-                q = probs_from_scores(scores)
-                x = int(sample(q, ctx.generator)[0])
-                qs.append(q[0])
-                conf = float(q[0, x])
-            out.append(x)
-            if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
-                break
-            logits = runner.forward(torch.tensor([x], device=ctx.tokens.device), logits_rows=1)
-        tokens = torch.tensor(out, dtype=torch.long, device=ctx.tokens.device)
-        return Draft.chain(tokens, None if greedy else torch.stack(qs))
+        self.deterministic = not ctx.sampling.do_sample
+        logits = runner.forward(ctx.tokens[runner.valid:], logits_rows=1)  # catch up + the first draft position
+        device = ctx.tokens.device
+        return draft_chain(ctx, budget, logits,
+                           lambda x, i: runner.forward(torch.tensor([x], device=device), logits_rows=1))
 
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
         """A token tree of at most min(budget, spec.nodes) nodes and spec.depth levels (see TreeSpec).
