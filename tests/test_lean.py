@@ -133,8 +133,8 @@ def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monke
     assert torch.equal(specdec.generate(target, ids, drafter=draft, max_new_tokens=24, eos_token_id=None), ref)
     assert any(m is target for m in targets)  # bit-identical: the target used the lean loop
     # a lean loop off by a rounding step: still fine for a draft, never for the target
-    real_rms = lean._rms
-    monkeypatch.setattr(lean, "_rms", lambda norm, x: real_rms(norm, x) * (1 + 1e-6))
+    real_rms = lean.rms_norm
+    monkeypatch.setattr(lean, "rms_norm", lambda norm, x: real_rms(norm, x) * (1 + 1e-6))
     target2, draft2 = build("llama", seed=7, layers=3), build("llama", seed=8, layers=1)
     targets.clear()
     ref2 = hf_greedy(target2, ids, 24, eos_token_id=None)

@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..hf.lean import rms_norm, rotate_half
+
 
 @dataclass
 class HeadConfig:
@@ -100,20 +102,15 @@ def fingerprint(model) -> str:
 
 
 class _RMSNorm(nn.Module):
+    """A Llama RMS norm with its own weight (the lean runner's op, hf/lean.py)."""
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return rms_norm(self, x)
 
 
 class HeadLayer(nn.Module):
@@ -142,7 +139,7 @@ class HeadLayer(nn.Module):
         q = self.q_proj(h).view(B, n, self.hq, self.d).transpose(1, 2)
         k = self.k_proj(h).view(B, n, self.hkv, self.d).transpose(1, 2)
         v = self.v_proj(h).view(B, n, self.hkv, self.d).transpose(1, 2)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def finish(self, x, att):
         x = x + self.o_proj(att)

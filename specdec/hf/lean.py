@@ -68,14 +68,14 @@ class _Layer:
                                else getattr(attn.config, "sliding_window", None))
 
 
-def _rms(norm, x: torch.Tensor) -> torch.Tensor:
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' LlamaRMSNorm, op for op."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -141,28 +141,38 @@ class LeanRunner(ModelRunner):
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
         meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions,
                         block_pos=block_pos)
-        want = set(self.capture)
-        kept: dict[int, torch.Tensor] = {}
+        want, top = set(self.capture), len(self.layers)
+        kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
-            h = _rms(L.ln1, x)
+            h = rms_norm(L.ln1, x)
             q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
             self.kv.write(i, write, k, v)
             keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
             # the same mask the HF path passes (bit-identical attention needs it)
             att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.mask_for(L.sliding_window),
                                                  scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
             x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
-            h = _rms(L.ln2, x)
+            h = rms_norm(L.ln2, x)
             x = x + L.down(L.act(L.gate(h)) * L.up(h))
-            if i + 1 in want and i + 1 < len(self.layers):
+            if i + 1 in want and i + 1 < top:
                 kept[i + 1] = x
+        if top in want:  # the final norm over every row (as HF computes it); the logits rows reuse it
+            kept[top] = rms_norm(self.final_norm, x)
+            normed = _select_rows(kept[top], logits_rows)
+        else:
+            normed = rms_norm(self.final_norm, _select_rows(x, logits_rows))
         if want:
-            kept[len(self.layers)] = _rms(self.final_norm, x)
             self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
-        rows = x if logits_rows is None else (x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows])
-        return self.head(_rms(self.final_norm, rows)).float()
+        return self.head(normed).float()
+
+
+def _select_rows(x: torch.Tensor, logits_rows) -> torch.Tensor:
+    """logits_rows: None (all rows), an int r (the last r) or an index tensor."""
+    if logits_rows is None:
+        return x
+    return x[-logits_rows:] if isinstance(logits_rows, int) else x[logits_rows]
 
 
 # RoPE types whose frequencies depend on the sequence length: the lean loop's one cos/sin table cannot
