@@ -9,7 +9,6 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from dataclasses import dataclass
 
 import torch
 
@@ -19,25 +18,11 @@ from .generation_config import (check_supported, config_processors, eos_ids, lim
                                 processor_lists, resolve_config, stop_string_criteria)
 from .hf.runner import max_positions_of
 from .policy import DraftPolicy, make_policy
-from .stats import SpecStats
 from .verifiers.sampling import SamplingParams
 
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens")
 
 
-from transformers.generation.utils import GenerateDecoderOnlyOutput  # noqa: E402 (after the stdlib imports)
-
-
-@dataclass
-class GenerateOutput(GenerateDecoderOnlyOutput):
-    """HF's GenerateDecoderOnlyOutput (indexing by key and position works as in HF) plus `stats`.
-
-    sequences: [1, T + N] int64 (prompt + new tokens); scores / logits (output_scores / output_logits):
-    N tensors [1, V] float32, per emitted token the processed scores and the raw logits of the row that
-    produced it, as HF's greedy / sample loop returns them; stats: what the run measured (a list, one per
-    sequence, with num_return_sequences > 1)."""
-
-    stats: SpecStats | None = None
 
 
 def _resolve_drafter(target, drafter):
@@ -195,6 +180,8 @@ def _several(engine, cfg, prompt, sampling, limits, before, after, streamer, rec
         out[i, :seq.numel()] = seq
     out = out.to(prompt.device)
     if cfg.return_dict_in_generate:
+        from .output import GenerateOutput
+
         return GenerateOutput(sequences=out, stats=[st for _, st in runs])
     return out
 
@@ -206,7 +193,17 @@ def _record_for(cfg) -> dict | None:
     return {k: [] for k, on in (("scores", cfg.output_scores), ("logits", cfg.output_logits)) if on}
 
 
-def _output(seq, stats, record) -> GenerateOutput:
+def __getattr__(name):  # GenerateOutput subclasses HF's output type: imported on first use, not at start-up
+    if name == "GenerateOutput":
+        from .output import GenerateOutput
+
+        return GenerateOutput
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _output(seq, stats, record):
+    from .output import GenerateOutput
+
     record = record or {}
     tup = {k: tuple(v) for k, v in record.items()}
     return GenerateOutput(sequences=seq, scores=tup.get("scores"), logits=tup.get("logits"), stats=stats)
