@@ -54,7 +54,7 @@ def test_interrupted_data_build_resumes_to_the_same_shards(tmp_path, zoo_target)
     target, tok = zoo_target
     a = args(tmp_path, "a", steps=1)
     train_head(a, target, tok, progress=False)
-    shards = sorted((a.work / "data").glob("shard-*.safetensors"))
+    shards = sorted((a.work / "data").glob("*.safetensors"))
     assert len(shards) >= 2
     b = args(tmp_path, "b", steps=1)
     shutil.copytree(a.work / "data", b.work / "data")
@@ -62,6 +62,27 @@ def test_interrupted_data_build_resumes_to_the_same_shards(tmp_path, zoo_target)
     train_head(b, target, tok, progress=False)
     for s in shards:
         assert (b.work / "data" / s.name).read_bytes() == s.read_bytes()
+
+
+def test_a_build_asked_for_more_data_keeps_its_full_shards_and_rebuilds_the_partial_one(tmp_path, zoo_target):
+    from specdec.training import head_data
+
+    target, tok = zoo_target
+    small = args(tmp_path, "g", steps=1, num_prompts=9, gen_batch=6)  # chat-00000 full (6), chat-00001 partial (3)
+    train_head(small, target, tok, progress=False)
+    data = small.work / "data"
+    before = {p.name: p.read_bytes() for p in data.glob("*.safetensors")}
+    assert head_data.shard_items(data / "chat-00001.safetensors") == 3
+    grown = args(tmp_path, "g", steps=1, num_prompts=18, gen_batch=6, num_text_chunks=8, out=tmp_path / "g2")
+    train_head(grown, target, tok, progress=False)
+    after = {p.name: p.read_bytes() for p in data.glob("*.safetensors")}
+    assert after["chat-00000.safetensors"] == before["chat-00000.safetensors"]  # kept, not regenerated
+    assert after["chat-00001.safetensors"] != before["chat-00001.safetensors"]  # 3 -> 6 prompts: rebuilt
+    assert head_data.shard_items(data / "chat-00001.safetensors") == 6 and "chat-00002.safetensors" in after
+    fresh = args(tmp_path, "f", steps=1, num_prompts=18, gen_batch=6, num_text_chunks=8)
+    train_head(fresh, target, tok, progress=False)  # the grown data is exactly what a fresh build writes
+    assert {p.name: p.read_bytes() for p in (fresh.work / "data").glob("*.safetensors")} == after
+    assert json.loads((small.work / "manifest.json").read_text())["num_prompts"] == 18
 
 
 def test_trainer_errors_name_the_problem(tmp_path, zoo_target):

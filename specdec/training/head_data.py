@@ -6,8 +6,11 @@ teacher-forced target forward whose features (see drafters/head_model.py) are ke
 target's distribution at a position is not stored: it is its LM head over the stored top feature,
 recomputed by the trainer on the draft vocabulary.
 
-Shards: work/data/shard-NNNNN.safetensors, each written to a temporary name and renamed, so an
-interrupted build resumes at the first missing shard. Tensors: tokens [N] int32, features [N, F]
+Shards: work/data/chat-NNNNN.safetensors (prompt batches) and text-NNNNN.safetensors (text chunks),
+each written to a temporary name and renamed, so an interrupted build resumes at the first missing
+shard. The prompt set and the text chunks are prefix-stable for a seed, so a build asked for more
+prompts or chunks keeps every full shard and only adds (a shard records how many items it was built
+from in its metadata; one built from fewer, the old last partial batch, is rebuilt). Tensors: tokens [N] int32, features [N, F]
 fp16, offsets [S + 1] int64 (sequence s is rows offsets[s]:offsets[s+1]), loss_from [S] int64 (the
 first position whose token is the target's answer; 0 for text), heldout [S] bool.
 """
@@ -18,6 +21,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..hf.features import FeatureCapture
@@ -77,14 +81,15 @@ def text_chunks(tok, n: int, tokens_per_chunk: int, seed: int) -> list[list[int]
     return out
 
 
-def _save_atomic(tensors: dict, path: Path) -> None:
+def _save_atomic(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
 
-def write_shard(path: Path, seqs: list[tuple[list[int], int, bool]], target, layers) -> int:
-    """seqs: (token ids, loss_from, heldout) -> one shard file; returns its token count."""
+def write_shard(path: Path, seqs: list[tuple[list[int], int, bool]], target, layers, items: int) -> int:
+    """seqs: (token ids, loss_from, heldout), built from `items` prompts or chunks -> one shard file; returns
+    its token count."""
     toks, feats, offsets, starts, held = [], [], [0], [], []
     for ids, loss_from, heldout in seqs:
         t = torch.tensor(ids, dtype=torch.long)
@@ -95,7 +100,7 @@ def write_shard(path: Path, seqs: list[tuple[list[int], int, bool]], target, lay
         held.append(heldout)
     _save_atomic({"tokens": torch.cat(toks), "features": torch.cat(feats),
                   "offsets": torch.tensor(offsets, dtype=torch.long), "loss_from": torch.tensor(starts, dtype=torch.long),
-                  "heldout": torch.tensor(held, dtype=torch.bool)}, path)
+                  "heldout": torch.tensor(held, dtype=torch.bool)}, path, {"items": str(items)})
     return offsets[-1]
 
 
@@ -110,26 +115,33 @@ def build(target, tok, work: Path, layers: tuple[int, ...], num_prompts: int, ma
         ps = [(render(tok, p), prompt_set.is_heldout(p)) for p in prompt_set.build(num_prompts, seed)]
     else:  # a plain LM (the zoo target): it continues openings of standard-library text
         ps = [(ids, i % 25 == 0) for i, ids in enumerate(text_chunks(tok, num_prompts, 48, seed + 1))]
-    jobs: list[tuple[str, list]] = [("chat", ps[i:i + batch]) for i in range(0, len(ps), batch)]
+    jobs: list[tuple[str, list]] = [(f"chat-{j:05d}", ps[i:i + batch]) for j, i in enumerate(range(0, len(ps), batch))]
     chunks = text_chunks(tok, num_text_chunks, text_tokens, seed) if num_text_chunks else []
-    jobs += [("text", chunks[i:i + 4 * batch]) for i in range(0, len(chunks), 4 * batch)]
+    jobs += [(f"text-{j:05d}", chunks[i:i + 4 * batch]) for j, i in enumerate(range(0, len(chunks), 4 * batch))]
     paths = []
-    for i, (kind, items) in enumerate(jobs):
-        path = data / f"shard-{i:05d}.safetensors"
+    for i, (name, items) in enumerate(jobs):
+        path = data / f"{name}.safetensors"
         paths.append(path)
-        if path.exists():
+        if path.exists() and shard_items(path) == len(items):
             if progress:
                 progress(i + 1, len(jobs), 0)
             continue
-        if kind == "chat":
+        if name.startswith("chat"):
             answers = answer(target, tok, [p for p, _ in items], max_new_tokens)
             seqs = [(p + a, len(p), held) for (p, held), a in zip(items, answers) if a]
         else:
             seqs = [(c, 0, False) for c in items if len(c) > 8]
-        n = write_shard(path, seqs, target, layers)
+        n = write_shard(path, seqs, target, layers, len(items))
         if progress:
             progress(i + 1, len(jobs), n)
     return paths
+
+
+def shard_items(path: Path) -> int | None:
+    """How many prompts or chunks a shard was built from (its metadata), None if it does not say."""
+    with safe_open(str(path), framework="pt") as f:
+        items = (f.metadata() or {}).get("items")
+    return int(items) if items is not None else None
 
 
 class Dataset:
@@ -161,15 +173,21 @@ class Dataset:
         return counts
 
 
+GROWABLE = ("num_prompts", "num_text_chunks")  # more of either only adds shards (see the module docstring)
+
+
 def write_manifest(work: Path, manifest: dict) -> None:
-    """Record what the data was built from; a resumed build with different settings is refused."""
+    """Record what the data was built from; a resumed build with different settings is refused, except for
+    a different number of prompts or text chunks (the shards already built are kept and reused)."""
     path = work / "manifest.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old != manifest:
-            diff = {k: (old.get(k), manifest.get(k)) for k in set(old) | set(manifest) if old.get(k) != manifest.get(k)}
+        diff = {k: (old.get(k), manifest.get(k)) for k in set(old) | set(manifest)
+                if old.get(k) != manifest.get(k) and k not in GROWABLE}
+        if diff:
             raise ValueError(f"work folder {work} holds a run with other settings {diff}; use a new --work folder")
-        return
+        if old == manifest:
+            return
     work.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-manifest.json")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
