@@ -32,7 +32,7 @@ class Oracle:
     def __init__(self, sequence: torch.Tensor):
         self.seq = sequence[0]
 
-    def begin(self, engine, table, prompt=None):
+    def begin(self, setup):
         pass
 
     def propose(self, ctx, budget):

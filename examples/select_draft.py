@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 import specdec
-from specdec.bench import load_prompts
-from specdec.select import select_draft, write_report
+from specdec.cli.bench import load_prompts
+from specdec.cli.select import select_draft, write_report
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--max-new-tokens", type=int, default=32)

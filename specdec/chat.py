@@ -2,17 +2,15 @@
 
 `ChatSession` uses the tokenizer's chat template when it has one (the rendered conversation grows by
 appending, so the previous turns' KV stays valid), and plain continuation when it has not (the user's
-line is appended to the running token history and the model continues it). The CLI `specdec chat`
-wraps it: streaming, a status line, /reset, /stats, /quit, Ctrl-C stops an answer and keeps the session.
+line is appended to the running token history and the model continues it). The command `specdec chat`
+(cli/chat.py) wraps it: streaming, a status line, /reset, /stats, /quit, Ctrl-C stops an answer and
+keeps the session.
 """
 from __future__ import annotations
-
-import sys
 
 import torch
 
 from .api import wrap
-from .cache.pool import PoolExhausted
 
 
 class ChatSession:
@@ -66,51 +64,3 @@ class ChatSession:
         if self.templated:
             self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
         return answer
-
-
-def run_cli(session: ChatSession, generate_kwargs: dict, status: bool = True, stream=sys.stdout) -> None:
-    """Read lines from stdin until EOF or /quit. Interactive when stdin is a terminal."""
-    from transformers import TextStreamer
-
-    interactive = sys.stdin.isatty()
-    if not session.templated:
-        print("(this tokenizer has no chat template: plain continuation, each line is appended to the text)",
-              file=stream)
-    while True:
-        if interactive:
-            print("> ", end="", file=stream, flush=True)
-        try:
-            line = sys.stdin.readline()
-        except KeyboardInterrupt:
-            print(file=stream)
-            break
-        if not line:
-            break
-        text = line.rstrip("\n")
-        if text.strip() == "/quit":
-            break
-        if text.strip() == "/reset":
-            session.reset()
-            print("[conversation reset]", file=stream, flush=True)
-            continue
-        if text.strip() == "/stats":
-            s = session.last_stats
-            print(f"[{s.summary()}]" if s else "[no answer yet]", file=stream, flush=True)
-            continue
-        if not session.templated:
-            text += "\n"
-        streamer = TextStreamer(session.tok, skip_prompt=True, skip_special_tokens=True)
-        try:
-            session.send(text, streamer=streamer, **generate_kwargs)
-        except KeyboardInterrupt:
-            print("\n[interrupted]", file=stream, flush=True)
-            continue
-        except (PoolExhausted, ValueError) as e:  # e.g. the conversation outgrew the model's positions
-            session.reset()
-            print(f"\n[{e}; the conversation was reset]", file=stream, flush=True)
-            continue
-        s = session.last_stats
-        if status and s is not None:
-            print(f"[{s.tokens_per_s:.1f} tok/s | acceptance {s.acceptance_rate:.2f} | tau {s.mean_accepted_length:.2f}"
-                  f" | TTFT {s.ttft_s * 1e3:.1f} ms | prefilled {s.prompt_tokens - s.reused_prompt_tokens} new of "
-                  f"{s.prompt_tokens} tokens]", file=stream, flush=True)

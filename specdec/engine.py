@@ -18,19 +18,20 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .cache.pool import BlockTable, PagePool
-from .drafters.base import Draft, DraftContext, FeatureDrafter, check_draft
+from .drafters.base import Draft, DraftContext, DraftSetup, FeatureDrafter, TreeDrafter, check_draft
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
-from .hf.runner import ModelRunner, max_positions_of
+from .hf.runner import ModelRunner, check_rope_span, max_positions_of
+from .policy import DraftPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
-from .tree import TreeSpec, ancestor_mask_with_root, depths, is_chain, path_to, subtree_parents
+from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain, path_to, subtree_parents
 from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
 from .verifiers.sampling import SamplingParams, probs_from_scores, sample
 
@@ -72,14 +73,19 @@ class Engine:
     re-prefilling the history. `release_cache()` gives the pages back."""
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
-                 tree_with_replacement: bool = False, acceptance: str = "exact", tree: TreeSpec | None = None,
+                 acceptance: str = "exact", tree: TreeSpec | None = None,
                  keep_cache: bool = False, lean: bool = True, max_kv_tokens: int | None = None):
         if tree is not None:
             if not isinstance(tree, TreeSpec):
                 raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
-            if not hasattr(drafter, "propose_tree"):
+            if not isinstance(drafter, TreeDrafter):
                 raise ValueError(f"tree={tree!r} needs a drafter that proposes token trees (a draft model or "
                                  f"'ngram'); {type(drafter).__name__} has no propose_tree")
+        if not isinstance(policy, DraftPolicy):
+            hooks = [h for h in ("max_length", "tracker", "begin_sequence", "next_length", "tree_budget",
+                                 "should_continue", "observe", "observe_tree") if not hasattr(policy, h)]
+            raise ValueError(f"policy {type(policy).__name__} is not a specdec.policy.DraftPolicy: it lacks "
+                             f"{', '.join(hooks)} (subclass specdec.policy.PolicyBase for the neutral hooks)")
         self.target = target
         self.drafter = drafter
         self.policy = policy
@@ -90,7 +96,6 @@ class Engine:
 
             kernel = on_triton(self.device)
         self.kernel = kernel
-        self.tree_with_replacement = tree_with_replacement
         self.acceptance = acceptance
         self.tree = tree
         self.pool: PagePool | None = None
@@ -101,7 +106,6 @@ class Engine:
         self.max_kv_tokens = max_kv_tokens  # the KV budget in token positions; None = what the generation needs
         self._kept: _Kept | None = None
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
-        self.target_runner: ModelRunner | None = None  # the current generation's target runner
         self.vocab_size = target.config.get_text_config().vocab_size
         self.lean = lean  # run the target through hf/lean.py where its probe proves it bit-identical
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
@@ -165,12 +169,13 @@ class Engine:
                   post_processors):
         prompt = input_ids.to(self.device)
         T = prompt.numel()
-        max_draft = getattr(self.policy, "max_length", 8)
+        max_draft = self.policy.max_length
         if max_draft is None:  # an unbounded policy (HF's heuristic): a draft never outruns the tokens left
             max_draft = limits.max_new_tokens
         if self.tree is not None:
             max_draft = max(max_draft, self.tree.max_slots)
         max_pos = max_positions_of(self.target)
+        check_rope_span(self.target, T, limits.max_new_tokens)
         kept, self._kept = self._kept, None
         if kept is not None:  # multi-turn: reuse the KV of the longest common prefix, prefill only the rest
             table, target = kept.table, kept.target
@@ -211,22 +216,24 @@ class Engine:
                 first = self._pick(scores, sampling, generator)
                 self._keep_rows(scores[-1:], logits[-1:])
                 tokens = prompt.tolist() + [first]
+                self._context = torch.empty(T + limits.max_new_tokens + 1, dtype=torch.long, device=self.device)
+                self._context[:T] = prompt
+                self._context[T] = first
                 stats.ttft_s = time.perf_counter() - t0
                 if streamer is not None:
                     if stream_prompt:
                         streamer.put(prompt.cpu())
                     streamer.put(torch.tensor([first]))
-                self.target_runner = target  # a self-speculative drafter shares this runner's pages
                 if self.drafter is not None:  # the drafter's own prefill, after the first token is out
                     t_draft = time.perf_counter()
                     began = True
                     if features is not None:
                         self.drafter.attach(features)
-                    self.drafter.begin(self, table, prompt)
+                    self.drafter.begin(DraftSetup(table, prompt, self.reused_tokens, self.target, target.kv,
+                                                  self.kernel))
                     stats.prefill_s += time.perf_counter() - t_draft
                 done = self._stops(tokens, T, limits, scores[:1])
-                if hasattr(self.policy, "begin_sequence"):
-                    self.policy.begin_sequence()
+                self.policy.begin_sequence()
                 t_decode = time.perf_counter()
                 while not done:
                     done = self._step(tokens, T, target, pipeline, sampling, limits, stats, generator, table,
@@ -234,9 +241,7 @@ class Engine:
                 stats.decode_s = time.perf_counter() - t_decode
                 stats.total_s = time.perf_counter() - t0
                 stats.new_tokens = len(tokens) - T
-                tracker = getattr(self.policy, "tracker", None)
-                if tracker is not None and hasattr(tracker, "to_dict"):
-                    stats.tracker = tracker.to_dict()
+                stats.tracker = self.policy.tracker.to_dict()
         finally:
             if self.keep_cache and tokens is not None:
                 # keep exactly the committed tokens' KV (also after an interrupt: the partial answer stays)
@@ -251,7 +256,6 @@ class Engine:
                 if began:
                     self.drafter.end()
                 table.release()
-                self.target_runner = None  # its page tensors go with it
             if streamer is not None:
                 streamer.end()
         return torch.tensor(tokens, dtype=torch.long), stats
@@ -280,30 +284,31 @@ class Engine:
             budget = min(self.policy.next_length(), budget)
         if max_pos is not None:
             budget = min(budget, max_pos - N)
-        context = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        context = self._context[:N]  # the committed tokens on the device (a view; appended below)
         t0 = time.perf_counter()
+        toks: list[int] = []
+        par: list[int] = []
+        node_scores: list[float] | None = None
         if budget > 0 and self.drafter is not None:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=pipeline,
                                should_continue=None if self.tree is not None else self.policy.should_continue)
             if self.tree is not None:
-                draft = self._propose_tree(ctx, budget)
+                draft, toks, par, node_scores = self._propose_tree(ctx, budget)
             else:
                 draft = self.drafter.propose(ctx, budget)
-                check_draft(self.drafter, draft, budget, self.vocab_size)
+                toks, par, node_scores = check_draft(self.drafter, draft, budget, self.vocab_size)  # one read
         else:
             draft = Draft.empty(self.device)
         t1 = time.perf_counter()
-        n = len(draft)
-        chain = is_chain(draft.parents)
-        node_depth = depths(draft.parents) if n else draft.parents
-        positions = torch.cat([torch.tensor([L], device=self.device), L + node_depth])
+        n = len(toks)
+        chain = is_chain(par)
+        node_depth = depth_list(par)
+        positions = torch.tensor([L] + [L + d for d in node_depth], dtype=torch.long).to(self.device)
         verify_tokens = torch.cat([context[-1:], draft.tokens])
         hidden = draft.hidden if n else None  # a self-speculative drafter already ran layers < from_layer
-        logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(draft.parents), hidden=hidden,
+        logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(par, self.device), hidden=hidden,
                                 start_layer=draft.from_layer if hidden is not None else 0)
         # one row per node: its prefix is the context plus the draft tokens on its path
-        par = draft.parents.tolist()
-        toks = draft.tokens.tolist()
         paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else
                         [[toks[j] for j in path_to(par, i)] for i in range(n)])
         scores = pipeline(logits, context, paths)
@@ -330,15 +335,16 @@ class Engine:
             if self._stops(tokens, T, limits, scores[row][None]):
                 done = True
                 break
+        self._context[N:N + emitted] = torch.tensor(new[:emitted], dtype=torch.long)
         if self.drafter is not None:
             self.drafter.accept(len(tokens))
         table.truncate(target.valid)  # frees the pages of rejected nodes (the drafter rolled back in accept)
-        stats.record_step(n, m, depth=int(node_depth.max()) if n else 0)
+        stats.record_step(n, m, depth=max(node_depth, default=0))
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
-        if n and draft.scores is not None and hasattr(self.policy, "observe_tree"):  # per-rank acceptance
-            on_path, node_scores = set(result.path), draft.scores.tolist()
+        if n and node_scores is not None:  # per-rank acceptance
+            on_path = set(result.path)
             order = sorted(range(n), key=lambda i: (-node_scores[i], i))
             self.policy.observe_tree([i in on_path for i in order], t1 - t0)
         if streamer is not None:
@@ -359,28 +365,30 @@ class Engine:
                     k_pages, v_pages = kv.pages_view(layer)
                     compact_kv(k_pages, v_pages, block_table, src_pos, dst_pos)
         else:
-            n = int(path_t.max()) + 1
+            n = max(path) + 1
             kv.move(table.slots(L + 1, L + 1 + n)[path_t], table.slots(L + 1, L + 1 + len(path)))
 
-    def _propose_tree(self, ctx: DraftContext, max_depth: int) -> Draft:
-        """The drafter's tree for this step: the spec cut to max_depth levels, at most its node budget."""
+    def _propose_tree(self, ctx: DraftContext, max_depth: int):
+        """The drafter's tree for this step (the spec cut to max_depth levels, at most its node budget) and
+        its tokens, parents and scores as lists (check_draft)."""
         spec = self.tree.limited(max_depth)
-        plan = getattr(self.policy, "tree_budget", None)  # the adaptive policy sizes a dynamic tree
-        nodes = spec.nodes if plan is None or spec.kind == "static" else min(spec.nodes, plan(spec.nodes))
+        nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, self.policy.tree_budget(spec.nodes))
         if nodes <= 0:
-            return Draft.empty(self.device)
+            return Draft.empty(self.device), [], [], None
         draft = self.drafter.propose_tree(ctx, spec, nodes)
-        check_draft(self.drafter, draft, nodes, self.vocab_size)
-        if len(draft) == 0:
-            return draft
-        shallow = (depths(draft.parents) <= spec.depth).nonzero().flatten()  # ancestor-closed
-        if len(shallow) < len(draft):  # lookup branches may run deeper than the spec allows
-            parents = subtree_parents(draft.parents.tolist(), shallow.tolist())
-            q = None if draft.q_probs is None else draft.q_probs[shallow]
-            scores = None if draft.scores is None else draft.scores[shallow.cpu()]
-            draft = Draft(draft.tokens[shallow], torch.tensor(parents, dtype=torch.long, device=self.device), q,
-                          scores=scores)
-        return draft
+        toks, par, node_scores = check_draft(self.drafter, draft, nodes, self.vocab_size)
+        keep = [i for i, d in enumerate(depth_list(par)) if d <= spec.depth]  # ancestor-closed
+        if len(keep) < len(toks):  # lookup branches may run deeper than the spec allows
+            par = subtree_parents(par, keep)
+            toks = [toks[i] for i in keep]
+            node_scores = None if node_scores is None else [node_scores[i] for i in keep]
+            index = torch.tensor(keep, dtype=torch.long)
+            on_device = index.to(self.device)
+            draft = replace(draft, tokens=draft.tokens[on_device],
+                            parents=torch.tensor(par, dtype=torch.long).to(self.device),
+                            q_probs=None if draft.q_probs is None else draft.q_probs[on_device],
+                            scores=None if draft.scores is None else draft.scores[index.to(draft.scores.device)])
+        return draft, toks, par, node_scores
 
     def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):
         if self.acceptance == "typical" and sampling.do_sample:  # greedy decoding emits the argmax either way
@@ -395,5 +403,5 @@ class Engine:
         q = draft.q_probs
         if chain:
             return sample_chain(draft.tokens, p, q, generator)
-        return sample_tree(draft.tokens, draft.parents, p, q, generator, self.tree_with_replacement)
+        return sample_tree(draft.tokens, draft.parents, p, q, generator, draft.siblings_with_replacement)
 

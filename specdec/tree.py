@@ -11,34 +11,48 @@ from dataclasses import dataclass
 import torch
 
 
-def is_chain(parents: torch.Tensor) -> bool:
-    n = parents.numel()
-    return n == 0 or bool(torch.equal(parents.cpu(), torch.arange(-1, n - 1)))
+def _host(parents) -> list[int]:
+    """A parent array as a Python list: a list as is, a tensor read once (a sync on a device)."""
+    return parents if isinstance(parents, list) else parents.tolist()
+
+
+def is_chain(parents) -> bool:
+    """parents: [n] int64 tensor or list."""
+    par = _host(parents)
+    return all(p == i - 1 for i, p in enumerate(par))
+
+
+def depth_list(parents) -> list[int]:
+    """Depth of each node (children of the root: 1) as a list; parents: [n] int64 tensor or list."""
+    d: list[int] = []
+    for i, p in enumerate(_host(parents)):
+        if p >= i:
+            raise ValueError(f"tree nodes must be in topological order: node {i} has parent {p}")
+        d.append(1 if p < 0 else d[p] + 1)
+    return d
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:
-    """[n] int64 depth of each node; children of the root have depth 1."""
-    par = parents.tolist()
-    d = [0] * len(par)
-    for i, p in enumerate(par):
-        if p >= i:
-            raise ValueError(f"tree nodes must be in topological order: node {i} has parent {p}")
-        d[i] = 1 if p < 0 else d[p] + 1
-    return torch.tensor(d, dtype=torch.long, device=parents.device)
+    """[n] int64 depth of each node (children of the root have depth 1), on the parents' device."""
+    return torch.tensor(depth_list(parents), dtype=torch.long, device=parents.device)
 
 
-def ancestor_mask_with_root(parents: torch.Tensor) -> torch.Tensor:
-    """[n+1, n+1] bool over [root, node_0, ..., node_{n-1}]: True where column is ancestor-or-self of row."""
-    n = parents.numel()
-    if is_chain(parents):
-        return torch.ones(n + 1, n + 1, dtype=torch.bool, device=parents.device).tril_()
+def ancestor_mask_with_root(parents, device=None) -> torch.Tensor:
+    """[n+1, n+1] bool over [root, node_0, ..., node_{n-1}]: True where column is ancestor-or-self of row.
+    parents: [n] int64 tensor (the mask goes to its device) or list (to `device`)."""
+    if device is None:
+        device = parents.device
+    par = _host(parents)
+    n = len(par)
+    if is_chain(par):
+        return torch.ones(n + 1, n + 1, dtype=torch.bool, device=device).tril_()
     mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
     mask[:, 0] = True
     mask[0, 0] = True
-    for i, p in enumerate(parents.tolist()):
+    for i, p in enumerate(par):
         mask[i + 1] = mask[p + 1]
         mask[i + 1, i + 1] = True
-    return mask.to(parents.device)
+    return mask.to(device)
 
 
 def path_to(parents: list[int], node: int) -> list[int]:

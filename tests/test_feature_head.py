@@ -7,7 +7,7 @@ import torch
 
 import specdec
 from specdec.cache.pool import BlockTable, PagePool
-from specdec.drafters import FeatureHead
+from specdec.drafters import DraftSetup, FeatureHead
 from specdec.drafters.head_model import HeadConfig, HeadNet
 from specdec.hf.features import FeatureLog
 from specdec.training.head_data import target_features
@@ -84,11 +84,7 @@ def test_paged_forward_equals_the_training_unroll():
         log.write(0, f[:15])
         table = BlockTable(PagePool(8, 4))
         head.attach(log)
-
-        class Engine:
-            reused_tokens = 0
-
-        head.begin(Engine(), table, seq[:10])
+        head.begin(DraftSetup(table, seq[:10]))
         feat, scores = head._catch_up(seq[:16])  # entries 0..14; the last predicts position 15's feature
         torch.testing.assert_close(feat[0], outs[0][0, 14], rtol=1e-5, atol=1e-5)
         sub = head.net.logits(outs[0][0, 14])

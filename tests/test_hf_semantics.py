@@ -214,7 +214,7 @@ def test_the_engine_checks_what_a_drafter_returns(bad, match):
     class Broken:
         deterministic = False
 
-        def begin(self, engine, seq, prompt=None):
+        def begin(self, setup):
             pass
 
         def propose(self, ctx, budget):

@@ -178,3 +178,40 @@ def test_lean_refuses_rope_that_changes_with_the_sequence_length():
     ids = torch.randint(3, 61, (1, 5), generator=torch.Generator().manual_seed(1))
     want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
     assert torch.equal(specdec.generate(model, ids, drafter="ngram", max_new_tokens=40), want)
+
+
+def _phi3_longrope():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    cfg = Phi3Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128, original_max_position_embeddings=32,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                                      "long_factor": [6.0, 9.0, 13.0, 20.0], "original_max_position_embeddings": 32})
+    torch.manual_seed(0)
+    return Phi3ForCausalLM(cfg).eval()
+
+
+def test_longrope_past_its_switch_is_refused_and_exact_on_either_side():
+    """Phi-3's LongRoPE changes factors past original_max_position_embeddings (32 here), where HF recomputes
+    its cache: a generation that would cross it is refused, naming the limit; below it, and from a prompt
+    already past it, the output is HF's."""
+    from specdec.hf.runner import rope_switch_of
+
+    model = _phi3_longrope()
+    assert rope_switch_of(model) == ("longrope", 32)
+    gen = torch.Generator().manual_seed(2)
+    short, long = torch.randint(3, 61, (1, 8), generator=gen), torch.randint(3, 61, (1, 40), generator=gen)
+    for ids, new in ((short, 20), (long, 20)):
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                              eos_token_id=None)
+        for drafter in ("ngram", model):
+            got = specdec.generate(model, ids, drafter=drafter, draft_length=3, max_new_tokens=new, eos_token_id=None)
+            assert torch.equal(got, want)
+    model_s = specdec.wrap(model, drafter="ngram")
+    with pytest.raises(ValueError, match=r"longrope RoPE.*past position 32.*prompt \+ max_new_tokens <= 32"):
+        model_s.generate(short, max_new_tokens=30, eos_token_id=None)
+    assert model_s.engine.pool is None or model_s.engine.pool.num_used == 0
+    assert torch.equal(model_s.generate(short, max_new_tokens=20, eos_token_id=None),
+                       model.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=20,
+                                      do_sample=False, eos_token_id=None))

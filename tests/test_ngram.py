@@ -192,7 +192,7 @@ def ctx(tokens) -> DraftContext:
 def test_prompt_lookup_protocol_and_chain():
     d = PromptLookup()
     assert isinstance(d, Drafter) and d.deterministic
-    d.begin(None, None)
+    d.begin()
     prompt = [A, B, C, D, A, B]
     draft = d.propose(ctx(prompt), 3)
     assert draft.tokens.tolist() == [C, D, A] and draft.parents.tolist() == [-1, 0, 1]
@@ -207,7 +207,7 @@ def test_prompt_lookup_protocol_and_chain():
 
 def test_prompt_lookup_empty_cases():
     d = PromptLookup()
-    d.begin(None, None)
+    d.begin()
     assert len(d.propose(ctx([X, Y, Z]), 4)) == 0
     assert len(d.propose(ctx([X, Y, Z, X]), 0)) == 0  # budget 0: no draft
     draft = d.propose(ctx([X, Y, Z, X]), 4)  # index catches up after a budget-0 step
@@ -217,7 +217,7 @@ def test_prompt_lookup_empty_cases():
 
 def test_prompt_lookup_budget_respected():
     d = PromptLookup()
-    d.begin(None, None)
+    d.begin()
     toks = [A, B, C, D, X, Y, Z, P, Q, A, B]
     for budget in range(0, 12):
         assert len(d.propose(ctx(toks), budget)) == min(budget, 9)
@@ -226,7 +226,7 @@ def test_prompt_lookup_budget_respected():
 
 def test_prompt_lookup_tree():
     d = PromptLookup()
-    d.begin(None, None)
+    d.begin()
     draft = d.propose_branches(ctx([A, B, C, A, B, D, A, B]), 5, 2)
     assert draft.tokens.tolist() == [D, A, B, C, A]
     assert draft.parents.tolist() == [-1, 0, 1, -1, 3]
@@ -235,7 +235,7 @@ def test_prompt_lookup_tree():
 
 def test_prompt_lookup_rejects_stale_context():
     d = PromptLookup()
-    d.begin(None, None)
+    d.begin()
     d.propose(ctx([A, B, C, A]), 2)
     with pytest.raises(ValueError, match="begin"):
         d.propose(ctx([A, B]), 2)  # shorter: a new generation without begin()
@@ -243,13 +243,13 @@ def test_prompt_lookup_rejects_stale_context():
         d.propose(ctx([D, D, D, D, D]), 2)  # swapped context
     with pytest.raises(ValueError):
         d.accept(2)
-    d.begin(None, None)  # begin() resets
+    d.begin()  # begin() resets
     assert d.propose(ctx([D, D, D]), 2).tokens.tolist() == [D]
 
 
 def test_prompt_lookup_incremental_cost():
     d = PromptLookup()
-    d.begin(None, None)
+    d.begin()
     toks = torch.randint(0, 50, (20_000,), generator=torch.Generator().manual_seed(1))
     d.propose(DraftContext(toks, None), 4)
     before = d.index.ops

@@ -5,7 +5,6 @@ trees; a random 1-layer drafter, the target drafting for itself, prompt lookup),
 decoding must follow the target's distribution (goodness of fit on a tiny vocabulary, with the lossy
 typical acceptance as a negative control that shows the test has power at depth 2).
 """
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,12 +12,12 @@ import torch
 import specdec
 from specdec import TreeSpec
 from specdec.cache.pool import BlockTable, PagePool
-from specdec.drafters.base import DraftContext
+from specdec.drafters.base import Draft, DraftContext, DraftSetup
 from specdec.drafters.model import ModelDrafter
 from specdec.hf.attention import specdec_attention
 from specdec.processing import LogitsPipeline
 from specdec.tree import TreeGrower, depths, path_to, top_nodes
-from specdec.verifiers.sampling import SamplingParams
+from specdec.verifiers.sampling import SamplingParams, probs_from_scores
 
 from conftest import VOCAB, build, hf_greedy, tiny_vocab_model
 from test_engine_sampling import TEMPERATURE, TOP_K, gof
@@ -133,7 +132,7 @@ def test_model_drafter_tree_nodes_match_dense_forwards(arch):
     pool = PagePool(8, 4)
     table = BlockTable(pool)
     drafter = ModelDrafter(draft)
-    drafter.begin(SimpleNamespace(pool=pool, kernel=False), table)
+    drafter.begin(DraftSetup(table))
     ctx = DraftContext(tokens=context, sampling=SamplingParams())
     ctx.process = LogitsPipeline(ctx.sampling, 3)
     with specdec_attention(draft):
@@ -226,7 +225,7 @@ def test_tree_option_errors():
     class ChainOnly:
         deterministic = True
 
-        def begin(self, engine, seq, prompt=None): ...
+        def begin(self, setup): ...
         def propose(self, ctx, budget): ...
         def accept(self, n): ...
         def end(self): ...
@@ -296,6 +295,41 @@ def test_sampled_tree_decoding_follows_the_target(sampling_models, drafter, spec
     model = specdec.wrap(target, drafter=draft if drafter == "model" else "ngram", tree=spec)
     assert gof(exact, empirical(model, SAMPLES), SAMPLES) > 1e-3
     assert model.engine.pool.num_used == 0
+
+
+class IIDSiblings:
+    """A custom tree drafter in the SpecInfer manner: the root's children are independent draws (duplicates
+    allowed) from a bigram table's processed distribution. `claim` is what its Draft says about that."""
+
+    deterministic = False
+
+    def __init__(self, claim: bool):
+        self.logits = torch.randn(V, V, generator=torch.Generator().manual_seed(3)) * 8  # [last token, next]
+        self.claim = claim
+
+    def begin(self, setup): ...
+    def accept(self, n): ...
+    def end(self): ...
+
+    def propose(self, ctx, budget):
+        return Draft.empty()
+
+    def propose_tree(self, ctx, spec, budget):
+        logits = self.logits[ctx.tokens[-1]][None]  # [1, V]
+        q = probs_from_scores(ctx.process(logits, ctx.tokens, [[]]))  # [1, V]
+        tokens = torch.multinomial(q[0], budget, replacement=True, generator=ctx.generator)
+        return Draft(tokens, torch.full((budget,), -1, dtype=torch.long), q.expand(budget, -1).clone(),
+                     siblings_with_replacement=self.claim)
+
+
+@pytest.mark.parametrize("claim", [True, False])
+def test_the_sibling_rule_travels_with_the_draft(sampling_models, claim):
+    """i.i.d. siblings are verified exactly when their Draft says so; verified by the without-replacement
+    rule (the claim False, specdec's own drafters' rule) the same draws are biased, and the test sees it."""
+    target, _, exact = sampling_models
+    model = specdec.wrap(target, drafter=IIDSiblings(claim), tree=TreeSpec.static([2]))
+    p = gof(exact, empirical(model, SAMPLES), SAMPLES)
+    assert p > 1e-3 if claim else p < 1e-6
 
 
 def test_lossy_typical_acceptance_on_trees_fails_the_same_test(sampling_models):

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from .models import _default_drafter
-from .run import cmd_bench, cmd_chat, cmd_demo, cmd_select
+from .chat import cmd_chat
+from .run import cmd_bench, cmd_demo, cmd_select
 from .zoo import cmd_zoo
 
 

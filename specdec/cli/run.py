@@ -1,4 +1,4 @@
-"""The commands that generate: demo, bench, select-draft, chat."""
+"""The commands that measure: demo, bench, select-draft (chat is cli/chat.py)."""
 from __future__ import annotations
 
 import statistics
@@ -67,7 +67,7 @@ def cmd_bench(a) -> None:
 
     import torch
 
-    from ..bench import load_prompts, run_bench, to_markdown
+    from .bench import load_prompts, run_bench, to_markdown
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
@@ -128,8 +128,8 @@ def cmd_select(a) -> None:
     import torch
 
     from .. import zoo
-    from ..bench import load_prompts
-    from ..select import select_draft, write_report
+    from .bench import load_prompts
+    from .select import select_draft, write_report
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
@@ -158,15 +158,3 @@ def cmd_select(a) -> None:
     files = write_report(report, Path(a.out), temps, cmd)
     print((Path(a.out) / "report.md").read_text())
     print("wrote " + ", ".join(str(f) for f in files))
-
-
-def cmd_chat(a) -> None:
-    import torch
-
-    from ..chat import ChatSession, run_cli
-
-    torch.set_num_threads(a.threads)
-    target, tok = _load(a.target, "target")
-    session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype, target),
-                          system=a.system)
-    run_cli(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)

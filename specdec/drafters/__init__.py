@@ -6,10 +6,11 @@
 - FeatureHead: a small trained head on the target's own features (EAGLE family).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
-from .base import Draft, DraftContext, Drafter, FeatureDrafter
+from .base import Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, TreeDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
 from .model import ModelDrafter
 from .ngram import NgramIndex, PromptLookup
 
-__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter"]
+__all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
+           "TreeDrafter", "DraftSetup"]

@@ -30,6 +30,11 @@ class Draft:
              The engine then verifies with layers >= from_layer only.
     scores:  [n] float32 or None. A tree drafter's confidence in each node's whole path (the product of
              the draft probabilities along it); the adaptive policy ranks nodes by it to plan the budget.
+    siblings_with_replacement: how a sampled tree's siblings were drawn from their shared q row, which
+             decides the verification rule that is exact for them (verifiers/tree.py): False (specdec's
+             drafters) each next sibling from q with the earlier siblings removed and renormalised;
+             True independent draws (SpecInfer), duplicates allowed. Ignored for chains and for
+             deterministic drafts.
     """
 
     tokens: torch.Tensor
@@ -38,6 +43,7 @@ class Draft:
     hidden: torch.Tensor | None = None
     from_layer: int = 0
     scores: torch.Tensor | None = None
+    siblings_with_replacement: bool = False
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -51,6 +57,29 @@ class Draft:
     def empty(device=None) -> "Draft":
         z = torch.zeros(0, dtype=torch.long, device=device)
         return Draft(z, z.clone(), None)
+
+
+@dataclass
+class DraftSetup:
+    """What a drafter is told when a generation starts (Drafter.begin), and nothing more of the engine.
+
+    table:   the sequence's BlockTable on the shared page pool (table.pool): a drafter that keeps KV binds
+             its pages to it, so the engine's truncate rolls it back with the target's
+    prompt:  [T] int64 or None, the committed context the target has just prefilled (in chat the whole
+             conversation so far); None in unit tests that feed the drafter by hand
+    reused_tokens: leading positions of the prompt whose KV was kept from the previous call on the same
+             table (chat; 0 otherwise): a drafter that kept its own state for this table keeps that many
+    target:  the target model
+    target_kv: the target's PagedKV, whose page tensors a self-speculative drafter may share
+    kernel:  whether attention runs the Triton kernels (a model drafter's runner follows the engine)
+    """
+
+    table: object
+    prompt: torch.Tensor | None = None
+    reused_tokens: int = 0
+    target: object = None
+    target_kv: object = None
+    kernel: bool = False
 
 
 @dataclass
@@ -77,25 +106,36 @@ class Drafter(Protocol):
     """Protocol every drafter implements.
 
     deterministic: True when q is one-hot (the verifier then uses the one-hot rule)
-    begin(engine, seq, prompt): called once after the target's prefill with the prompt [T] int64; the
-        model drafter binds its page tensors and prefills the prompt here (timed as prefill, not drafting)
+    begin(setup): called once after the target's prefill with a DraftSetup (the block table, the prompt
+        [T] int64, ...); the model drafter binds its page tensors and prefills the prompt here (timed as
+        prefill, not drafting)
     propose(ctx, budget): return a Draft of at most `budget` tokens (0 allowed: plain decoding)
     accept(num_context_tokens): the committed context now has this many tokens; drop state past it
     end(): generation over (also on exceptions); release anything held
 
-    Optional, for `tree=`: propose_tree(ctx, spec, budget) -> a tree Draft of at most `budget` nodes in
-    the shape of the TreeSpec `spec` (the engine prunes nodes deeper than the spec allows).
+    A drafter that also proposes trees (for `tree=`) implements TreeDrafter.
     """
 
     deterministic: bool
 
-    def begin(self, engine, seq, prompt: torch.Tensor | None = None) -> None: ...
+    def begin(self, setup: DraftSetup) -> None: ...
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft: ...
 
     def accept(self, num_context_tokens: int) -> None: ...
 
     def end(self) -> None: ...
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that proposes token trees, for `tree=` (a draft model, early exit, n-gram, feature head).
+
+    propose_tree(ctx, spec, budget): a tree Draft of at most `budget` nodes in the shape of the TreeSpec
+        `spec` (the engine prunes nodes deeper than the spec allows)
+    """
+
+    def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft: ...
 
 
 @runtime_checkable
@@ -114,9 +154,12 @@ class FeatureDrafter(Drafter, Protocol):
     def attach(self, features) -> None: ...
 
 
-def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> None:
+def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[int], list[int], list[float] | None]:
     """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
-    q rows [n, vocab]. A ValueError names the drafter and what it got wrong."""
+    q rows [n, vocab]. A ValueError names the drafter and what it got wrong.
+
+    Returns the draft's tokens, parents and scores (None if it has none) as Python lists: the step's one
+    read of the draft from the device (all in one transfer); the engine works from these lists."""
     name = type(drafter).__name__
     n = len(draft)
     if draft.tokens.dim() != 1 or draft.parents.shape != draft.tokens.shape:
@@ -125,12 +168,20 @@ def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> None:
     if n > budget:
         raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
     if n == 0:
-        return
-    lo, hi = int(draft.tokens.min()), int(draft.tokens.max())
-    if lo < 0 or hi >= vocab:
-        raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")
-    parents = draft.parents.tolist()
-    if any(not -1 <= p < i for i, p in enumerate(parents)):
-        raise ValueError(f"drafter {name} returned parents {parents}: each must be -1 (the root) or an earlier node")
+        return [], [], None
     if draft.q_probs is not None and tuple(draft.q_probs.shape) != (n, vocab):
         raise ValueError(f"drafter {name} returned q_probs {tuple(draft.q_probs.shape)}, expected [{n}, {vocab}]")
+    rows = [draft.tokens.double(), draft.parents.to(draft.tokens.device).double()]  # ids < 2^53: exact
+    if draft.scores is not None:
+        if tuple(draft.scores.shape) != (n,):
+            raise ValueError(f"drafter {name} returned scores {tuple(draft.scores.shape)}, expected [{n}]")
+        rows.append(draft.scores.to(draft.tokens.device).double())
+    host = torch.stack(rows).tolist()
+    tokens, parents = [int(t) for t in host[0]], [int(p) for p in host[1]]
+    scores = host[2] if draft.scores is not None else None
+    lo, hi = min(tokens), max(tokens)
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")
+    if any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError(f"drafter {name} returned parents {parents}: each must be -1 (the root) or an earlier node")
+    return tokens, parents, scores

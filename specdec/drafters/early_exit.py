@@ -25,7 +25,7 @@ import torch
 
 from ..hf.layer_views import enters_hidden_exactly, first_layers
 from ..hf.runner import ModelRunner
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, DraftSetup
 from .model import ModelDrafter
 
 
@@ -49,13 +49,13 @@ class EarlyExit(ModelDrafter):
         self._tap = self.model.model.norm
         self._target_kv = None
 
-    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+    def begin(self, setup: DraftSetup) -> None:
         if not self.share_kv:
-            return super().begin(engine, table, prompt)
-        if engine.target is not self.target or engine.target_runner is None:
+            return super().begin(setup)
+        if setup.target is not self.target or setup.target_kv is None:
             raise ValueError("EarlyExit(share_kv) must draft for the model it was built from")
-        target_kv = engine.target_runner.kv
-        self.runner = ModelRunner(self.model, table.pool, table, engine.kernel)
+        target_kv = setup.target_kv
+        self.runner = ModelRunner(self.model, setup.table.pool, setup.table, setup.kernel)
         self.runner.kv.k, self.runner.kv.v = target_kv.k, target_kv.v  # layers < E: the target's own tensors
         self._target_kv = target_kv
 

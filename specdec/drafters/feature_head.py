@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from ..cache.paged import PagedKV
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, DraftSetup
 from .head_model import HeadConfig, HeadNet, fingerprint
 from .model import draft_chain
 
@@ -72,13 +72,14 @@ class FeatureHead:
     def attach(self, features) -> None:
         self.features = features
 
-    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+    def begin(self, setup: DraftSetup) -> None:
         """Bind our pages; catch up on the prompt's positions whose next token is known (all but the last)."""
         if self.features is None:
             raise ValueError("FeatureHead needs the target's features: run it through specdec's engine "
                              "(generate / wrap / hf_custom_generate), which attaches them")
+        table, prompt = setup.table, setup.prompt
         if self.kv is not None and self.table is table:  # a kept sequence (chat): keep our entries
-            self.kv.valid = min(self.kv.valid, engine.reused_tokens)
+            self.kv.valid = min(self.kv.valid, setup.reused_tokens)
         else:
             self.table = table
             self.kv = PagedKV(table.pool, len(self.net.layers), next(self.target.parameters()).device)

@@ -17,7 +17,7 @@ from ..hf.lean import LeanRunner
 from ..hf.runner import ModelRunner
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores, sample
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, DraftSetup
 
 
 def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -> Draft:
@@ -30,14 +30,18 @@ def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -
     qs = []
     for i in range(budget):
         scores = ctx.process(logits, ctx.tokens, [out])
-        if greedy:
-            x = int(scores[0].argmax())
-            conf = float(torch.softmax(scores[0], -1)[x]) if stop is not None else 1.0
+        if greedy:  # the token (the next row's processors need it on the host) and its confidence: one read
+            best = scores[0].argmax()
+            if stop is None:
+                x, conf = int(best), 1.0
+            else:
+                x, conf = torch.stack((best.double(), torch.softmax(scores[0], -1)[best].double())).tolist()
         else:
             q = probs_from_scores(scores)
-            x = int(sample(q, ctx.generator)[0])
+            pick = sample(q, ctx.generator)[0]
             qs.append(q[0])
-            conf = float(q[0, x])
+            x, conf = torch.stack((pick.double(), q[0, pick].double())).tolist()
+        x = int(x)
         out.append(x)
         if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
             break
@@ -67,12 +71,13 @@ class ModelDrafter:
             raise ValueError(f"draft model vocabulary size {dv} does not match the target's {tv}: the drafter must "
                              "share the target's tokenizer and vocabulary")
 
-    def begin(self, engine, table, prompt: torch.Tensor | None = None) -> None:
+    def begin(self, setup: DraftSetup) -> None:
         """Bind our pages to the sequence and prefill the prompt [T] (so drafting never pays for it)."""
+        table, prompt = setup.table, setup.prompt
         if self.runner is not None and self.runner.table is table:  # a kept sequence (chat): reuse our KV
-            self.runner.rollback(min(self.runner.valid, engine.reused_tokens))
+            self.runner.rollback(min(self.runner.valid, setup.reused_tokens))
         else:
-            self.runner = self._new_runner(table, engine.kernel)
+            self.runner = self._new_runner(table, setup.kernel)
         if prompt is not None and prompt.numel() > self.runner.valid:
             self.runner.forward(prompt[self.runner.valid:], logits_rows=1)
 

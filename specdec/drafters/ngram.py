@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Draft, DraftContext
+from .base import Draft, DraftContext, DraftSetup
 
 
 class NgramIndex:
@@ -146,11 +146,11 @@ class PromptLookup:
         self.index: NgramIndex | None = None
         self.num_context_tokens = 0
 
-    def begin(self, engine, seq, prompt: torch.Tensor | None = None) -> None:
+    def begin(self, setup: DraftSetup | None = None) -> None:
         self.index = NgramIndex(self.min_n, self.max_n, self.max_matches)
         self.num_context_tokens = 0
-        if prompt is not None:  # index the prompt now: counted as prefill, not as drafting
-            self._sync(prompt)
+        if setup is not None and setup.prompt is not None:  # index the prompt now: prefill, not drafting
+            self._sync(setup.prompt)
 
     def _sync(self, tokens: torch.Tensor) -> NgramIndex:
         """Index ctx.tokens past what is already indexed. tokens: [T] int64."""

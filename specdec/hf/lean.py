@@ -114,9 +114,9 @@ class LeanRunner(ModelRunner):
             return cls(model, pool, table, kernel)
         return None
 
-    def _rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, D] for `positions`, from a table grown on demand (HF's formula, float32)."""
-        need = int(positions.max()) + 1
+    def _rope(self, positions: torch.Tensor, dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] for `positions`, from a table grown on demand (HF's formula, float32). need: a
+        bound on max(positions) + 1 known on the host (reading the positions would sync with the device)."""
         if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
             size = max(need, 2 * (self._cos.shape[0] if self._cos is not None else 256))
             t = torch.arange(size, dtype=torch.float32, device=self._inv_freq.device)
@@ -136,7 +136,7 @@ class LeanRunner(ModelRunner):
         self.table.reserve(end)
         write, read = self.table.slots(end - n, end), self.table.slots(0, end)
         x = self.embed(tokens) if hidden is None else hidden  # [n, H]
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = self._rope(positions, x.dtype, end + 1)  # a node's position is start + its depth (< b)
         cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
         meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions,

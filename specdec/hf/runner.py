@@ -28,6 +28,45 @@ def max_positions_of(model) -> int | None:
     return None
 
 
+def rope_switch_of(model) -> tuple[str, int] | None:
+    """(rope type, position) for RoPE whose frequencies change with the sequence length: 'longrope'
+    (Phi-3) switches from short to long factors once a forward sees more than `original_max_position_
+    embeddings` positions, 'dynamic' (NTK) rescales every length past it. None for static RoPE."""
+    cfg = model.config.get_text_config()
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return None
+    per_layer_type = [v for v in rope.values() if isinstance(v, dict)]  # Gemma 3: {layer type: parameters}
+    for params in per_layer_type or [rope]:
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind in ("longrope", "dynamic"):
+            switch = (params.get("original_max_position_embeddings")
+                      or getattr(cfg, "original_max_position_embeddings", None) or max_positions_of(model))
+            return (kind, int(switch)) if switch else None
+    return None
+
+
+def check_rope_span(model, prompt_len: int, max_new_tokens: int) -> None:
+    """Refuse a generation whose forwards would cross a length-dependent RoPE's switch position.
+
+    HF decodes one token per forward, so its rotary table follows the length token by token, and at
+    Phi-3's longrope switch it drops the whole cache and recomputes it with the long factors. A
+    verification forward over k + 1 tokens sees one length for all of them, and the KV cached before the
+    switch keeps the short factors: the output would not be HF's. A prompt already past a longrope
+    switch uses the long factors throughout, as HF does, and is fine."""
+    switch = rope_switch_of(model)
+    if switch is None:
+        return
+    kind, at = switch
+    end = prompt_len + max_new_tokens
+    crosses = prompt_len <= at < end if kind == "longrope" else end > at
+    if crosses:
+        raise ValueError(f"{type(model).__name__} uses {kind} RoPE, whose frequencies change past position {at}, "
+                         f"and this generation could run from {prompt_len} to {end} tokens, across it: specdec cannot "
+                         f"reproduce HF's output there. Keep prompt + max_new_tokens <= {at}"
+                         + (f", or start with a prompt longer than {at}" if kind == "longrope" else ""))
+
+
 def causal_mask(n: int, device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril_()
 

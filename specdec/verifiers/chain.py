@@ -46,7 +46,7 @@ def sample_chain(
     p = p.float()
     if k == 0:
         token = sample(p, generator)
-        return VerifyResult([], int(token.item()), p.new_zeros(0))
+        return VerifyResult([], int(token.item()), [])
 
     x = draft_tokens.reshape(k, 1).to(device=p.device, dtype=torch.long)
     p_x = p[:k].gather(1, x).squeeze(1)  # [k]
@@ -76,5 +76,5 @@ def sample_chain(
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
     token = sample(residual, generator)  # sample() normalises implicitly
 
-    n_accepted, next_token = torch.cat([n, token]).tolist()
-    return VerifyResult(list(range(n_accepted)), next_token, beta)
+    flat = torch.cat([n.double(), token.double(), beta.double()]).tolist()  # the step's one read
+    return VerifyResult(list(range(int(flat[0]))), int(flat[1]), flat[2:])

@@ -19,7 +19,7 @@ def greedy_chain(
 ) -> VerifyResult:
     """Accept while x_{i+1} == argmax row i; emit argmax at the first mismatch, else the bonus argmax row k.
 
-    beta: [k] float32, 1.0 where the draft equals the argmax, else 0.0. One host sync.
+    beta: [k] floats, 1.0 where the draft equals the argmax, else 0.0. One host sync (all of it in one read).
     """
     k = draft_tokens.numel()
     if target_scores.dim() != 2 or target_scores.size(0) != k + 1:
@@ -30,8 +30,8 @@ def greedy_chain(
     best = target_scores.argmax(dim=-1)  # [k+1]
     match = draft_tokens.reshape(k).to(best.device) == best[:k]  # [k]
     n = match.long().cumprod(0).sum().reshape(1)  # [1]
-    n_accepted, next_token = torch.cat([n, best.index_select(0, n)]).tolist()
-    return VerifyResult(list(range(n_accepted)), next_token, match.float())
+    flat = torch.cat([n.double(), best.index_select(0, n).double(), match.double()]).tolist()  # the one read
+    return VerifyResult(list(range(int(flat[0]))), int(flat[1]), flat[2:])
 
 
 def greedy_tree(
@@ -63,4 +63,4 @@ def greedy_tree(
             break
         path.append(hit)
         node = hit
-    return VerifyResult(path, best[node + 1], torch.tensor(hits, dtype=torch.float32))
+    return VerifyResult(path, best[node + 1], hits)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 
 @dataclass
@@ -20,7 +19,8 @@ class VerifyResult:
                 For a chain this is always [0, 1, ..., n_accepted - 1].
     next_token: the recovered token (at the first rejection) or the bonus token (everything on the
                 path accepted and nothing left to try). It becomes the next step's root.
-    beta:       [d] float32 acceptance probability per depth where the verifier knows it, else None.
+    beta:       [d] floats (read with the path, in the same transfer): the acceptance probability per
+                depth where the verifier knows it, else None.
                 Chain verifiers give one entry per draft position ([k]); entry j is the exact probability
                 that position j is accepted given the drafted prefix before it (sampling:
                 sum_v min(p_j, q_j); greedy: 1.0 if the draft equals the target argmax, else 0.0).
@@ -33,7 +33,7 @@ class VerifyResult:
 
     path: list[int]
     next_token: int
-    beta: torch.Tensor | None = None
+    beta: list[float] | None = None
 
     @property
     def num_accepted(self) -> int:

@@ -136,5 +136,5 @@ def sample_tree(
         path.append(node)
         P = p[node + 1]
     token = sample(P.unsqueeze(0), generator)
-    beta = torch.stack(betas) if betas else p.new_zeros(0)
-    return VerifyResult(path, int(token.item()), beta)
+    flat = torch.cat([token.double().reshape(1)] + [b.double().reshape(1) for b in betas]).tolist()
+    return VerifyResult(path, int(flat[0]), flat[1:])

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .files import save_figure, write_text
-from .policy import expected_tokens
+from ..files import save_figure, write_text
+from ..policy import expected_tokens
 
 
 def _line(points: dict[int, float]) -> tuple[float, float]:
@@ -45,7 +45,7 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
 
     import specdec
 
-    from .drafters.model import vocab_size_of
+    from ..drafters.model import vocab_size_of
 
     report = {"drafts": {}, "skipped": {}}
     ok = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .policy import ideal_speedup
+from ..policy import ideal_speedup
 
 
 @dataclass
@@ -56,7 +56,7 @@ def _ks(k) -> list[int]:
 
 
 def _head_tree():
-    from .tree import TreeSpec
+    from ..tree import TreeSpec
 
     return TreeSpec.dynamic(nodes=16, depth=5, topk=4)
 
@@ -105,7 +105,7 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
         modes["specdec head adaptive"] = _spec_mode(specdec.wrap(target, drafter=head), n)
         modes["specdec head tree"] = _spec_mode(specdec.wrap(target, drafter=head, tree=tree or _head_tree()), n)
     if exit_layer is not None:
-        from .drafters import EarlyExit
+        from ..drafters import EarlyExit
 
         modes[f"specdec early exit L={exit_layer}"] = _spec_mode(
             specdec.wrap(target, drafter=EarlyExit(target, exit_layer=exit_layer)), n)
@@ -312,7 +312,7 @@ def to_markdown(report: dict) -> str:
 def load_prompts(tok, path: str | None, n: int, chat: bool = False) -> list[torch.Tensor]:
     """[1, T] int64 per prompt: the first n of each comma-separated JSONL file. chat: each prompt is a user
     message rendered by the tokenizer's chat template (ValueError where it has none)."""
-    from . import zoo
+    from .. import zoo
 
     paths = path.split(",") if path else []
     texts = [t for p in paths for t in [json.loads(line)["prompt"] for line in Path(p).read_text().splitlines()
