@@ -20,12 +20,19 @@ from .hf.runner import max_positions_of
 from .policy import DraftPolicy, make_policy
 from .verifiers.sampling import SamplingParams
 
-_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens")
+_SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens", "tokenizer",
+                 "assistant_tokenizer", "cross_tokenizer")
 
 
 
 
-def _resolve_drafter(target, drafter):
+def _same_vocabulary(a, b) -> bool:
+    return a is b or a.get_vocab() == b.get_vocab()
+
+
+def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, cross_tokenizer="auto"):
+    """The drafter argument -> a Drafter. A draft model with assistant_tokenizer= (HF's keyword) whose
+    vocabulary differs from tokenizer='s drafts across tokenizers (drafters/cross_tokenizer.py)."""
     from transformers import PreTrainedModel
 
     from .drafters.model import ModelDrafter
@@ -38,6 +45,15 @@ def _resolve_drafter(target, drafter):
         from .drafters.ngram import PromptLookup
 
         out = PromptLookup()
+    elif isinstance(drafter, PreTrainedModel) and assistant_tokenizer is not None:
+        if tokenizer is None:
+            raise ValueError("assistant_tokenizer= (the draft's tokenizer) needs tokenizer= (the target's) as well")
+        if _same_vocabulary(tokenizer, assistant_tokenizer):
+            out = ModelDrafter(drafter)
+        else:
+            from .drafters.cross_tokenizer import CrossTokenizerDrafter
+
+            out = CrossTokenizerDrafter(drafter, assistant_tokenizer, tokenizer, mode=cross_tokenizer)
     elif isinstance(drafter, PreTrainedModel):
         out = ModelDrafter(drafter)
     else:
@@ -110,7 +126,8 @@ def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptan
 
 
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
-                 keep_cache=False, keep_policy=False, max_kv_tokens=None):
+                 keep_cache=False, keep_policy=False, max_kv_tokens=None, tokenizer=None, assistant_tokenizer=None,
+                 cross_tokenizer="auto"):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -123,7 +140,7 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
             raise ValueError(f"draft_length={draft_length} is a node count for tree={tree!r}: it must be in "
                              f"[1, {tree.nodes}]")
     target.eval()
-    resolved = _resolve_drafter(target, drafter)
+    resolved = _resolve_drafter(target, drafter, tokenizer, assistant_tokenizer, cross_tokenizer)
     if keep_policy and isinstance(draft_length, str) and drafter is not None:
         policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance)
     else:
@@ -210,7 +227,8 @@ def _output(seq, stats, record):
 
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
-             tree=None, acceptance: str = "exact", max_kv_tokens: int | None = None, **kwargs):
+             tree=None, acceptance: str = "exact", max_kv_tokens: int | None = None, assistant_tokenizer=None,
+             cross_tokenizer: str = "auto", **kwargs):
     """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
 
     input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
@@ -229,7 +247,8 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     random stream is consumed (every run is still an exact sample of the target's distribution).
     """
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
-                          max_kv_tokens=max_kv_tokens)
+                          max_kv_tokens=max_kv_tokens, tokenizer=kwargs.get("tokenizer"),
+                          assistant_tokenizer=assistant_tokenizer, cross_tokenizer=cross_tokenizer)
     return _run(engine, input_ids, **kwargs)
 
 
@@ -312,6 +331,7 @@ def wrap(model, drafter=None, **options) -> SpecModel:
 def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                        synced_gpus=False, streamer=None, drafter=None, draft_length="adaptive",
                        max_draft_length: int = 8, tree=None, acceptance: str = "exact", specdec_streamer=None,
+                       specdec_tokenizer=None, specdec_assistant_tokenizer=None, cross_tokenizer: str = "auto",
                        **model_kwargs):
     """The decoding loop for `model.generate(..., custom_generate=specdec.hf_custom_generate, drafter=d)`.
 
@@ -321,12 +341,17 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     Streaming: transformers (5.x) keeps `streamer=` from a callable custom_generate (it puts the prompt
     into it and never calls it again), so pass the streamer as `specdec_streamer=` on this path (it gets
     the prompt, every token and end(), like HF's own loop); or stream through specdec.wrap(model).
+    For the same reason a draft with its own tokenizer takes the tokenizers as specdec_tokenizer= (the
+    target's) and specdec_assistant_tokenizer= (the draft's): transformers keeps tokenizer= and
+    assistant_tokenizer= from a callable custom_generate.
     """
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(torch.as_tensor(mask).all()):
         raise ValueError("attention_mask with padding is not supported by specdec.hf_custom_generate (one sequence, "
                          "no padding): pass the unpadded prompt")
-    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True)
+    engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
+                          tokenizer=specdec_tokenizer, assistant_tokenizer=specdec_assistant_tokenizer,
+                          cross_tokenizer=cross_tokenizer)
     prompt = _prompt(model, input_ids)
     cfg = generation_config
     check_supported(cfg)

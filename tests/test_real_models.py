@@ -71,6 +71,20 @@ def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, reque
             assert out.stats.drafted_tokens > 0 and out.stats.acceptance_rate >= 0.9, label
 
 
+@pytest.mark.parametrize("mode", ["intersection", "text"])
+def test_smollm2_drafts_for_gemma3_across_tokenizers(smollm2, gemma3, mode):
+    """Two vocabularies (49152 byte-level BPE ids, 262144 SentencePiece ids): Gemma 3's own greedy output,
+    with SmolLM2's drafts accepted (the shared-token map and the text re-encoding both work on real pairs)."""
+    draft, draft_tok = smollm2
+    target, tok = gemma3
+    ids = _prompt(target, tok)
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    out = specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
+                           cross_tokenizer=mode, draft_length=3, max_new_tokens=NEW, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref), tok.decode(out.sequences[0, ids.shape[1]:])
+    assert out.stats.accepted_tokens > 0, out.stats.summary()
+
+
 def test_lean_runner_is_proven_bit_identical_on_smollm2(smollm2):
     from specdec.hf import lean
 

@@ -4,13 +4,15 @@
 - PromptLookup: n-gram lookup over the context, no second model (`drafter="ngram"`).
 - EarlyExit: the target's own first layers (self-speculation).
 - FeatureHead: a small trained head on the target's own features (EAGLE family).
+- CrossTokenizerDrafter: a draft model with its own tokenizer (token-level intersection or text).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
 from .base import Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, TreeDrafter
+from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
 from .model import ModelDrafter
 from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
-           "TreeDrafter", "DraftSetup"]
+           "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter"]

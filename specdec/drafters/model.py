@@ -68,8 +68,9 @@ class ModelDrafter:
     def check_compatible(self, target) -> None:
         tv, dv = vocab_size_of(target), vocab_size_of(self.model)
         if tv != dv:
-            raise ValueError(f"draft model vocabulary size {dv} does not match the target's {tv}: the drafter must "
-                             "share the target's tokenizer and vocabulary")
+            raise ValueError(f"draft model vocabulary size {dv} does not match the target's {tv}: a draft model "
+                             "shares the target's tokenizer, or drafts across tokenizers when given both: pass "
+                             "tokenizer= (the target's) and assistant_tokenizer= (the draft's)")
 
     def begin(self, setup: DraftSetup) -> None:
         """Bind our pages to the sequence and prefill the prompt [T] (so drafting never pays for it)."""

@@ -1,0 +1,198 @@
+"""A draft model with its own tokenizer: any small model drafts for any target.
+
+The draft proposes in the target's ids one of two ways (`mode`):
+- "intersection" (token-level intersection, TLI): the draft drafts over the tokens both vocabularies
+  share (vocab_map.py); its logits move to the target's ids (-inf elsewhere) and are processed like the
+  target's rows, so q is a distribution over target ids and rejection sampling stays exact, greedy or
+  sampled, exactly as for a draft model of the target's own vocabulary.
+- "text" (universal assisted decoding, UAD): the draft drafts greedily in its own vocabulary; its text is
+  encoded with the target's tokenizer after a look-behind window of committed target tokens, and the
+  target tokens past the window are the proposal, one-hot (deterministic: exact for greedy and sampling).
+  A proposal whose window does not come back unchanged (a merge across the boundary) is dropped.
+- "auto" (default): intersection when the shared tokens cover at least `min_coverage` of the prompt's
+  target tokens (and there are at least `min_shared` of them), else text.
+
+The draft keeps its KV in its own token positions (its own page pool and block table). Each step the
+committed target tokens are decoded to text and encoded with the draft's tokenizer; the draft's KV is
+rolled back to the longest common prefix with the ids it holds and catches up on the rest. The draft's
+history is therefore always the committed text, however the two tokenizers split it, and the drafted
+tokens it ran are simply rolled back next step where the target chose otherwise.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..cache.pool import BlockTable, PagePool
+from ..hf.lean import LeanRunner
+from ..hf.runner import ModelRunner, max_positions_of
+from .base import Draft, DraftContext, DraftSetup
+from .model import draft_chain, vocab_size_of
+from .vocab_map import VocabMap
+
+MODES = ("auto", "intersection", "text")
+_maps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft tokenizer -> {key: VocabMap}
+
+
+def shared_vocab(draft_tokenizer, target_tokenizer, draft_vocab: int, target_vocab: int) -> VocabMap:
+    """The VocabMap of two tokenizers, built once per pair (a 262K vocabulary takes a few seconds)."""
+    per_draft = _maps.setdefault(draft_tokenizer, {})
+    key = (id(target_tokenizer), draft_vocab, target_vocab)
+    if key not in per_draft:
+        per_draft[key] = VocabMap(draft_tokenizer, target_tokenizer, draft_vocab, target_vocab)
+    return per_draft[key]
+
+
+def _check_text_tokenizer(tok, role: str) -> None:
+    try:
+        ids = tok.encode("Hello world", add_special_tokens=False)
+        text = tok.decode(ids)
+    except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
+        raise ValueError(f"the {role} ({type(tok).__name__}) cannot encode and decode text, which drafting across "
+                         f"tokenizers needs: {e}") from e
+    if not ids or not isinstance(text, str):
+        raise ValueError(f"the {role} ({type(tok).__name__}) does not turn text into ids and back "
+                         f"('Hello world' -> {ids!r} -> {text!r})")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CrossTokenizerDrafter:
+    """model: the draft (a HF causal LM); draft_tokenizer: its tokenizer; target_tokenizer: the target's.
+    mode: 'auto', 'intersection' or 'text' (module docstring). lookbehind: committed target tokens
+    re-encoded with a text-mode proposal."""
+
+    def __init__(self, model, draft_tokenizer, target_tokenizer, mode: str = "auto", min_shared: int = 256,
+                 min_coverage: float = 0.8, lookbehind: int = 8, lean: bool = True, page_size: int = 16):
+        if mode not in MODES:
+            raise ValueError(f"cross-tokenizer mode must be one of {MODES}, got {mode!r}")
+        if draft_tokenizer is None or target_tokenizer is None:
+            raise ValueError("drafting with another tokenizer needs both: tokenizer= (the target's) and "
+                             "assistant_tokenizer= (the draft's)")
+        _check_text_tokenizer(draft_tokenizer, "draft tokenizer (assistant_tokenizer)")
+        _check_text_tokenizer(target_tokenizer, "target tokenizer (tokenizer)")
+        self.model = model.eval()
+        self.draft_tok, self.target_tok = draft_tokenizer, target_tokenizer
+        self.mode, self.min_shared, self.min_coverage = mode, min_shared, min_coverage
+        self.lookbehind, self.lean, self.page_size = lookbehind, lean, page_size
+        self.vocab: VocabMap | None = None
+        self.active = "text" if mode == "text" else "intersection"  # auto re-decides at each begin()
+        self.deterministic = mode == "text"
+        self.runner: ModelRunner | None = None
+        self.ids: list[int] = []  # the draft ids whose KV the runner holds, in order
+        bos = draft_tokenizer.bos_token_id
+        adds_bos = bos is not None and draft_tokenizer("a")["input_ids"][:1] == [bos]
+        self._draft_prefix = [bos] if adds_bos else []
+        self._target_bos = target_tokenizer.bos_token_id
+
+    def check_compatible(self, target) -> None:
+        tv, dv = vocab_size_of(target), vocab_size_of(self.model)
+        for tok, size, role in ((self.target_tok, tv, "tokenizer= (the target's)"),
+                                (self.draft_tok, dv, "assistant_tokenizer= (the draft's)")):
+            top = max(tok.get_vocab().values())
+            if top >= size:
+                raise ValueError(f"{role} has token id {top}, past its model's vocabulary of {size}: it is not that "
+                                 "model's tokenizer")
+        self.target_vocab = tv
+        if self.mode != "text":
+            self.vocab = shared_vocab(self.draft_tok, self.target_tok, dv, tv)
+            if self.vocab.size < self.min_shared:
+                if self.mode == "intersection":
+                    raise ValueError(f"the two vocabularies share only {self.vocab.size} tokens (fewer than "
+                                     f"min_shared={self.min_shared}): too few to draft by intersection; use "
+                                     "cross_tokenizer='text'")
+                self.active = "text"
+
+    # -- the Drafter protocol --------------------------------------------------------------------
+    def begin(self, setup: DraftSetup) -> None:
+        if self.runner is None:
+            device = next(self.model.parameters()).device
+            pages = -(-(max_positions_of(self.model) or 8192) // self.page_size) + 1
+            self.table = BlockTable(PagePool(pages, self.page_size), device)
+            runner = LeanRunner.for_model(self.model, self.table.pool, self.table, setup.kernel) if self.lean else None
+            self.runner = runner or ModelRunner(self.model, self.table.pool, self.table, setup.kernel)
+            self.ids = []
+        if setup.prompt is None:
+            return
+        prompt = setup.prompt.tolist()
+        if self.mode == "auto" and self.vocab is not None and self.vocab.size >= self.min_shared:
+            self.active = "intersection" if self.vocab.coverage(self._plain(prompt)) >= self.min_coverage else "text"
+        self.deterministic = self.active == "text"
+        self._sync(prompt)  # the draft's prefill of the prompt's text: timed as prefill, not drafting
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        committed = ctx.tokens.tolist()
+        logits = self._sync(committed)  # [1, V_draft]: the draft's next-token logits after the committed text
+        if self.active == "intersection":
+            return self._propose_shared(ctx, budget, logits)
+        return self._propose_text(ctx, budget, committed, logits)
+
+    def accept(self, num_context_tokens: int) -> None:
+        pass  # the next _sync rolls the draft back to the committed text, whatever was accepted
+
+    def end(self) -> None:
+        if self.runner is not None:
+            self.table.release()
+        self.runner, self.ids = None, []
+
+    # -- internals -------------------------------------------------------------------------------
+    def _plain(self, target_tokens: list[int]) -> list[int]:
+        return target_tokens[1:] if target_tokens[:1] == [self._target_bos] else target_tokens
+
+    def _draft_ids(self, target_tokens: list[int]) -> list[int]:
+        """The committed target text in draft ids (the target's BOS becomes the draft's own convention)."""
+        text = self.target_tok.decode(self._plain(target_tokens), skip_special_tokens=False,
+                                      clean_up_tokenization_spaces=False)
+        text = text.rstrip("\ufffd")  # a character split across target tokens: the rest is still to come
+        ids = self._draft_prefix + self.draft_tok.encode(text, add_special_tokens=False)
+        return ids or [self.draft_tok.eos_token_id or 0]
+
+    def _sync(self, target_tokens: list[int]) -> torch.Tensor:
+        """Roll the draft's KV back to what still matches the committed text, run the rest; returns the
+        logits [1, V_draft] for the draft token after it."""
+        want = self._draft_ids(target_tokens)
+        keep = min(_common_prefix(self.ids, want), len(want) - 1)
+        self.runner.rollback(keep)
+        self.table.truncate(keep)
+        self.ids = want
+        new = torch.tensor(want[keep:], dtype=torch.long, device=self.table.device)
+        return self.runner.forward(new, logits_rows=1)
+
+    def _step(self, draft_id: int) -> torch.Tensor:
+        """Run one drafted draft id; its next-token logits [1, V_draft]."""
+        out = self.runner.forward(torch.tensor([draft_id], dtype=torch.long, device=self.table.device), logits_rows=1)
+        self.ids.append(draft_id)
+        return out
+
+    def _propose_shared(self, ctx: DraftContext, budget: int, logits: torch.Tensor) -> Draft:
+        self.deterministic = not ctx.sampling.do_sample
+        vocab, tv = self.vocab, self.target_vocab
+
+        def advance(target_id: int, i: int) -> torch.Tensor:
+            return vocab.target_scores(self._step(int(vocab.to_draft[target_id])), tv)
+
+        return draft_chain(ctx, budget, vocab.target_scores(logits, tv), advance)
+
+    def _propose_text(self, ctx: DraftContext, budget: int, committed: list[int], logits: torch.Tensor) -> Draft:
+        drafted: list[int] = []
+        eos = self.draft_tok.eos_token_id
+        for i in range(budget):
+            x = int(logits[0].argmax())
+            drafted.append(x)
+            if x == eos or i + 1 == budget:
+                break
+            logits = self._step(x)
+        window = self._plain(committed)[-self.lookbehind:]
+        text = (self.target_tok.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                + self.draft_tok.decode(drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        encoded = self.target_tok.encode(text, add_special_tokens=False)
+        proposal = encoded[len(window):len(window) + budget] if encoded[:len(window)] == window else []
+        return Draft.chain(torch.tensor(proposal, dtype=torch.long, device=ctx.tokens.device))

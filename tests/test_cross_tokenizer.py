@@ -1,0 +1,160 @@
+"""Drafts with another tokenizer (drafters/cross_tokenizer.py): greedy output is the target's own in both
+modes, the shared-vocabulary map is right (a draft that is the target under permuted ids is accepted),
+sampled output follows the target's distribution in intersection mode (and a lossy q fails the same
+test), and the bad inputs get clear errors."""
+import copy
+import json
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import CrossTokenizerDrafter
+from specdec.drafters.vocab_map import VocabMap
+
+from conftest import build, hf_greedy, tiny_vocab_model
+from test_trees import SAMPLE_NEW, SAMPLE_PROMPT, SAMPLES, exact_joint, gof
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def zoo_target():
+    return specdec.zoo.load("target")
+
+
+def permuted_copy(model, tok, seed: int):
+    """The same model and tokenizer with every token id permuted: a draft that knows the target exactly
+    but shares none of its ids."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    perm = torch.randperm(len(vocab), generator=torch.Generator().manual_seed(seed))  # new id = perm[old id]
+    spec["model"]["vocab"] = {t: int(perm[i]) for t, i in vocab.items()}
+    for added in spec["added_tokens"]:
+        added["id"] = int(perm[added["id"]])
+    new_tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token=tok.eos_token,
+                                      bos_token=tok.bos_token, clean_up_tokenization_spaces=False)
+    draft = copy.deepcopy(model)
+    old_of_new = torch.argsort(perm)
+    with torch.no_grad():
+        weights = {id(m.weight): m.weight for m in (draft.get_input_embeddings(), draft.get_output_embeddings())}
+        for w in weights.values():  # tied embeddings: one tensor, permuted once
+            w[: len(vocab)] = w[: len(vocab)][old_of_new].clone()
+    return draft, new_tok
+
+
+def other_tokenizer(vocab_size: int):
+    """A tokenizer unlike the zoo's: SentencePiece-style spaces ('▁'), another vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.zoo.corpus import read_texts
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator(read_texts("train")[:200], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   clean_up_tokenization_spaces=False)
+
+
+def tiny_llama(vocab: int, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("mode", ["intersection", "text"])
+def test_a_permuted_copy_of_the_target_drafts_exactly_and_is_accepted(zoo_target, mode):
+    target, tok = zoo_target
+    draft, draft_tok = permuted_copy(target, tok, seed=0)
+    vocab = VocabMap(draft_tok, tok, len(draft_tok), len(tok))
+    assert vocab.size > 0.9 * len(tok)
+    assert all(draft_tok.convert_ids_to_tokens(int(d)) == tok.convert_ids_to_tokens(int(t))
+               for d, t in zip(vocab.draft_ids[:200], vocab.target_ids[:200]))  # the same token, other ids
+    for prompt in specdec.zoo.prompts(2):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        out = specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
+                               cross_tokenizer=mode, draft_length=4, max_new_tokens=NEW, eos_token_id=None,
+                               return_dict_in_generate=True)
+        assert torch.equal(out.sequences, hf_greedy(target, ids, NEW, eos_token_id=None))
+        assert out.stats.acceptance_rate > 0.6, out.stats.summary()  # a wrong map or history would be ~0
+
+
+@pytest.mark.parametrize("mode", ["intersection", "text", "auto"])
+def test_greedy_output_is_the_targets_with_a_really_different_tokenizer(zoo_target, mode):
+    target, tok = zoo_target
+    draft_tok = other_tokenizer(700)
+    drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode=mode, min_shared=64)
+    model = specdec.wrap(target, drafter=drafter, draft_length=3)
+    for prompt in specdec.zoo.prompts(4)[2:]:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        assert torch.equal(model.generate(ids, max_new_tokens=NEW, eos_token_id=None),
+                           hf_greedy(target, ids, NEW, eos_token_id=None))
+        assert model.engine.pool.num_used == 0 and drafter.runner is None  # both page pools given back
+
+
+def char_tokenizer(chars: str):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False)
+
+
+class LossyQ(CrossTokenizerDrafter):
+    """The control: q over the shared tokens NOT renormalised (the unshared token's mass just dropped)."""
+
+    def _propose_shared(self, ctx, budget, logits):
+        draft = super()._propose_shared(ctx, budget, logits)
+        if draft.q_probs is not None:
+            draft.q_probs = draft.q_probs * 0.6
+        return draft
+
+
+@pytest.mark.parametrize("cls, lossless", [(CrossTokenizerDrafter, True), (LossyQ, False)])
+def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
+    """Target over 'abcd', draft over 'dcbae' (other ids, one token the target lacks): the exact joint
+    distribution of 4 sampled tokens is reproduced; the lossy control is caught."""
+    target = tiny_vocab_model(4, seed=0, scale=4.0)
+    exact = exact_joint(target)
+    drafter = cls(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"), char_tokenizer("abcd"),
+                  mode="intersection", min_shared=1)
+    model = specdec.wrap(target, drafter=drafter, draft_length=2)
+    counts = {}
+    torch.manual_seed(1234)
+    for _ in range(SAMPLES):
+        seq = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW, do_sample=True, temperature=0.9, top_k=3)
+        key = tuple(seq[0, SAMPLE_PROMPT.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    p = gof(exact, counts, SAMPLES)
+    assert p > 1e-3 if lossless else p < 1e-6
+
+
+def test_cross_tokenizer_errors_name_the_problem(zoo_target):
+    target, tok = zoo_target
+    draft_tok = char_tokenizer("xyz")
+    draft = tiny_llama(3, seed=0)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with pytest.raises(ValueError, match="share only .* tokens"):
+        specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
+                         cross_tokenizer="intersection", max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs tokenizer="):
+        specdec.generate(target, ids, drafter=draft, assistant_tokenizer=draft_tok, max_new_tokens=4)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        CrossTokenizerDrafter(draft, draft_tok, tok, mode="bytes")
+    with pytest.raises(ValueError, match="past its model's vocabulary"):
+        specdec.wrap(target, drafter=tiny_llama(2, seed=0), tokenizer=tok, assistant_tokenizer=draft_tok)
+    with pytest.raises(ValueError, match="does not match the target's"):  # no tokenizers: the plain model drafter
+        specdec.generate(target, ids, drafter=draft, max_new_tokens=4)
+    assert "assistant_tokenizer" in str(pytest.raises(ValueError, specdec.generate, target, ids, drafter=draft,
+                                                      max_new_tokens=4).value)
