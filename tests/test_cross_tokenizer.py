@@ -158,3 +158,32 @@ def test_cross_tokenizer_errors_name_the_problem(zoo_target):
         specdec.generate(target, ids, drafter=draft, max_new_tokens=4)
     assert "assistant_tokenizer" in str(pytest.raises(ValueError, specdec.generate, target, ids, drafter=draft,
                                                       max_new_tokens=4).value)
+
+
+def test_the_command_line_drafts_across_tokenizers_with_a_model_of_another_vocabulary(zoo_target, tmp_path):
+    from specdec.cli.models import _drafter_arg
+
+    target, tok = zoo_target
+    draft_tok = other_tokenizer(500)
+    tiny_llama(len(draft_tok), seed=2).save_pretrained(tmp_path / "draft")
+    draft_tok.save_pretrained(tmp_path / "draft")
+    drafter = _drafter_arg(str(tmp_path / "draft"), tok, target=target)
+    assert isinstance(drafter, CrossTokenizerDrafter) and drafter.mode == "auto"
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
+    assert torch.equal(specdec.generate(target, ids, drafter=drafter, max_new_tokens=12, eos_token_id=None),
+                       hf_greedy(target, ids, 12, eos_token_id=None))
+
+
+def test_auto_drafts_by_intersection_only_when_sampling_with_tokenizers_that_cut_text_alike(zoo_target):
+    from specdec.drafters.vocab_map import span_agreement
+
+    target, tok = zoo_target
+    draft, draft_tok = permuted_copy(target, tok, seed=1)
+    text = specdec.zoo.prompts(1)[0]
+    assert span_agreement(draft_tok, tok, text) == 1.0  # the same cuts under other ids
+    assert span_agreement(other_tokenizer(300), tok, text) < 0.9
+    ids = tok(text, return_tensors="pt").input_ids
+    for sample, want in ((False, "text"), (True, "intersection")):
+        drafter = CrossTokenizerDrafter(draft, draft_tok, tok)
+        specdec.generate(target, ids, drafter=drafter, draft_length=2, max_new_tokens=4, do_sample=sample)
+        assert drafter.active == want

@@ -42,7 +42,8 @@ def _default_drafter(target: str) -> str:
 
 def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
     """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target), a feature head (a
-    shipped head's name or 'head:DIR'; needs target) or a draft model."""
+    shipped head's name or 'head:DIR'; needs target) or a draft model; one with another tokenizer drafts
+    across tokenizers (CrossTokenizerDrafter, mode 'auto')."""
     from .. import zoo
 
     if spec == "ngram":
@@ -57,6 +58,7 @@ def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
         return EarlyExit(target, exit_layer=int(spec.split(":", 1)[1]))
     drafter, dtok = _load(spec, "drafter", dtype)
     if dtok.get_vocab() != tok.get_vocab():
-        raise SystemExit(f"specdec: the drafter {spec!r} uses a different tokenizer from the target's; pick a "
-                         "drafter trained with the same tokenizer (or use --drafter ngram)")
+        from ..drafters import CrossTokenizerDrafter
+
+        return CrossTokenizerDrafter(drafter, dtok, tok)
     return drafter

@@ -143,14 +143,7 @@ def cmd_select(a) -> None:
         if n == "ngram" or n.startswith("early-exit:") or n in zoo.heads() or n.startswith("head:"):
             drafts[n] = _drafter_arg(n, tok, target=target)
             continue
-        model, dtok = _load(n, "draft", a.draft_dtype)
-        if dtok.get_vocab() != tok.get_vocab():
-            print(f"specdec: skipping {n}: its tokenizer differs from the target's")
-            continue
-        drafts[n] = model
-    if not drafts:
-        raise SystemExit("specdec: no candidate draft shares the target's tokenizer; pass --drafts ngram "
-                         "early-exit:LAYER or a draft trained with the target's tokenizer")
+        drafts[n] = _drafter_arg(n, tok, a.draft_dtype, target)  # another tokenizer: drafts across tokenizers
     temps = [float(t) for t in a.temperatures.split(",")]
     report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
                           a.max_new_tokens)

@@ -9,8 +9,14 @@ The draft proposes in the target's ids one of two ways (`mode`):
   encoded with the target's tokenizer after a look-behind window of committed target tokens, and the
   target tokens past the window are the proposal, one-hot (deterministic: exact for greedy and sampling).
   A proposal whose window does not come back unchanged (a merge across the boundary) is dropped.
-- "auto" (default): intersection when the shared tokens cover at least `min_coverage` of the prompt's
-  target tokens (and there are at least `min_shared` of them), else text.
+- "auto" (default): intersection when sampling and the two tokenizers cut the prompt's text alike (at
+  least `min_agreement` of the target's tokens are also one draft token, vocab_map.span_agreement) with
+  at least `min_shared` shared tokens; text otherwise. Greedy decoding always takes text: a restricted
+  draft can only lose proposals there (its argmax may be a token the target lacks, or a shorter piece of
+  the target's longer one), while under sampling the intersection's q accepts with sum min(p, q) where a
+  one-hot proposal accepts with p(x) only. Measured on code (SmolLM2 drafting, k=4, greedy): Gemma 3
+  270M acceptance 0.21 (intersection) / 0.65 (text), Qwen2.5-Coder-1.5B 0.18 / 0.39; their span
+  agreement on code prompts is 0.73 and 0.69, on chat prose 0.99 and 0.90.
 
 The draft keeps its KV in its own token positions (its own page pool and block table). Each step the
 committed target tokens are decoded to text and encoded with the draft's tokenizer; the draft's KV is
@@ -29,7 +35,7 @@ from ..hf.lean import LeanRunner
 from ..hf.runner import ModelRunner, max_positions_of
 from .base import Draft, DraftContext, DraftSetup
 from .model import draft_chain, vocab_size_of
-from .vocab_map import VocabMap
+from .vocab_map import VocabMap, span_agreement
 
 MODES = ("auto", "intersection", "text")
 _maps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft tokenizer -> {key: VocabMap}
@@ -71,7 +77,7 @@ class CrossTokenizerDrafter:
     re-encoded with a text-mode proposal."""
 
     def __init__(self, model, draft_tokenizer, target_tokenizer, mode: str = "auto", min_shared: int = 256,
-                 min_coverage: float = 0.8, lookbehind: int = 8, lean: bool = True, page_size: int = 16):
+                 min_agreement: float = 0.9, lookbehind: int = 8, lean: bool = True, page_size: int = 16):
         if mode not in MODES:
             raise ValueError(f"cross-tokenizer mode must be one of {MODES}, got {mode!r}")
         if draft_tokenizer is None or target_tokenizer is None:
@@ -81,10 +87,11 @@ class CrossTokenizerDrafter:
         _check_text_tokenizer(target_tokenizer, "target tokenizer (tokenizer)")
         self.model = model.eval()
         self.draft_tok, self.target_tok = draft_tokenizer, target_tokenizer
-        self.mode, self.min_shared, self.min_coverage = mode, min_shared, min_coverage
+        self.mode, self.min_shared, self.min_agreement = mode, min_shared, min_agreement
+        self._agreement: float | None = None  # auto: the prompt's span agreement, read at the first propose
         self.lookbehind, self.lean, self.page_size = lookbehind, lean, page_size
         self.vocab: VocabMap | None = None
-        self.active = "text" if mode == "text" else "intersection"  # auto re-decides at each begin()
+        self.active = "intersection" if mode == "intersection" else "text"  # auto decides per generation
         self.deterministic = mode == "text"
         self.runner: ModelRunner | None = None
         self.ids: list[int] = []  # the draft ids whose KV the runner holds, in order
@@ -123,12 +130,17 @@ class CrossTokenizerDrafter:
         if setup.prompt is None:
             return
         prompt = setup.prompt.tolist()
-        if self.mode == "auto" and self.vocab is not None and self.vocab.size >= self.min_shared:
-            self.active = "intersection" if self.vocab.coverage(self._plain(prompt)) >= self.min_coverage else "text"
-        self.deterministic = self.active == "text"
+        if self.mode == "auto":
+            usable = self.vocab is not None and self.vocab.size >= self.min_shared
+            self._agreement = span_agreement(self.draft_tok, self.target_tok, self._text(prompt)) if usable else None
+            self.active = None  # decided at the first propose, which knows whether this generation samples
         self._sync(prompt)  # the draft's prefill of the prompt's text: timed as prefill, not drafting
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        if self.active is None:
+            shared = ctx.sampling.do_sample and (self._agreement or 0.0) >= self.min_agreement
+            self.active = "intersection" if shared else "text"
+        self.deterministic = self.active == "text" or not ctx.sampling.do_sample
         committed = ctx.tokens.tolist()
         logits = self._sync(committed)  # [1, V_draft]: the draft's next-token logits after the committed text
         if self.active == "intersection":
@@ -147,12 +159,14 @@ class CrossTokenizerDrafter:
     def _plain(self, target_tokens: list[int]) -> list[int]:
         return target_tokens[1:] if target_tokens[:1] == [self._target_bos] else target_tokens
 
-    def _draft_ids(self, target_tokens: list[int]) -> list[int]:
-        """The committed target text in draft ids (the target's BOS becomes the draft's own convention)."""
+    def _text(self, target_tokens: list[int]) -> str:
         text = self.target_tok.decode(self._plain(target_tokens), skip_special_tokens=False,
                                       clean_up_tokenization_spaces=False)
-        text = text.rstrip("\ufffd")  # a character split across target tokens: the rest is still to come
-        ids = self._draft_prefix + self.draft_tok.encode(text, add_special_tokens=False)
+        return text.rstrip("\ufffd")  # a character split across target tokens: the rest is still to come
+
+    def _draft_ids(self, target_tokens: list[int]) -> list[int]:
+        """The committed target text in draft ids (the target's BOS becomes the draft's own convention)."""
+        ids = self._draft_prefix + self.draft_tok.encode(self._text(target_tokens), add_special_tokens=False)
         return ids or [self.draft_tok.eos_token_id or 0]
 
     def _sync(self, target_tokens: list[int]) -> torch.Tensor:
@@ -173,7 +187,6 @@ class CrossTokenizerDrafter:
         return out
 
     def _propose_shared(self, ctx: DraftContext, budget: int, logits: torch.Tensor) -> Draft:
-        self.deterministic = not ctx.sampling.do_sample
         vocab, tv = self.vocab, self.target_vocab
 
         def advance(target_id: int, i: int) -> torch.Tensor:

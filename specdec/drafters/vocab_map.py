@@ -31,6 +31,21 @@ def token_texts(tokenizer, size: int) -> list[str | None]:
     return out
 
 
+def span_agreement(draft_tokenizer, target_tokenizer, text: str) -> float | None:
+    """The fraction of the target's tokens of `text` that the draft's tokenizer also cuts as one token
+    (the same character span): how often a draft restricted to shared tokens can propose the target's own
+    token. None when a tokenizer gives no character offsets (not a fast tokenizer) or the text is empty."""
+    try:
+        target = target_tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+        draft = draft_tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+    except (NotImplementedError, TypeError, ValueError, KeyError):
+        return None
+    if not target:
+        return None
+    spans = {tuple(s) for s in draft}
+    return sum(tuple(s) in spans for s in target) / len(target)
+
+
 class VocabMap:
     """A one-to-one map between the draft's and the target's shared tokens.
 
@@ -58,13 +73,6 @@ class VocabMap:
         self.to_target[self.draft_ids] = self.target_ids
         self.to_draft = torch.full((target_vocab,), -1, dtype=torch.long)
         self.to_draft[self.target_ids] = self.draft_ids
-
-    def coverage(self, target_tokens: list[int]) -> float:
-        """The fraction of these target tokens a TLI draft could have proposed (1.0 for an empty list)."""
-        if not target_tokens:
-            return 1.0
-        ids = torch.tensor(target_tokens, dtype=torch.long).clamp(0, self.to_draft.numel() - 1)
-        return float((self.to_draft[ids] >= 0).float().mean())
 
     def target_scores(self, draft_scores: torch.Tensor, target_vocab: int) -> torch.Tensor:
         """draft_scores [r, V_draft] -> [r, V_target]: the shared tokens' scores at their target ids, -inf
