@@ -1,0 +1,134 @@
+"""Drafting across tokenizers on real models: a target, a draft with another tokenizer (default: Qwen2.5-
+Coder-1.5B-Instruct drafted for by SmolLM2-135M-Instruct), greedy, float32, side by side in one process,
+alternating prompt by prompt after a warm-up:
+
+    HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
+    at each --hf-k (constant schedule) and HF's default  ·  specdec text / intersection / auto
+
+Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
+them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
+separately.
+
+    python benchmarks/cross_tokenizer.py [--num-prompts 2] [--max-new-tokens 128] [--out benchmarks/results/...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import specdec  # noqa: E402
+from specdec.files import write_text  # noqa: E402
+
+
+def code_prompts(n: int) -> list[str]:
+    """Code-writing (prompts/code_write.jsonl) and code-editing (prompts/code_edit.jsonl) requests, alternating."""
+    def read(name):
+        path = ROOT / "benchmarks/prompts" / name
+        return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+
+    out = []
+    for a, b in zip(read("code_write.jsonl"), read("code_edit.jsonl")):
+        out += [a, b]
+    return out[:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="smollm2-135m-instruct")
+    ap.add_argument("--num-prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/real_cross_tokenizer"))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    target, tok = specdec.zoo.load(a.target)
+    draft, dtok = specdec.zoo.load(a.draft)
+    n = a.max_new_tokens
+    prompts = []
+    for p in code_prompts(a.num_prompts):
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                      return_dict=True)["input_ids"]
+        prompts.append(torch.tensor([ids]))
+
+    def hf(extra=None, k=None):
+        def run(ids):
+            if k is not None:
+                draft.generation_config.num_assistant_tokens = k
+                draft.generation_config.num_assistant_tokens_schedule = "constant"
+            elif extra:
+                draft.generation_config.num_assistant_tokens = 20  # HF's defaults
+                draft.generation_config.num_assistant_tokens_schedule = "constant"
+            t0 = time.perf_counter()
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                  **(extra or {}))
+            return out, time.perf_counter() - t0, None
+        return run
+
+    uad = dict(assistant_model=draft, tokenizer=tok, assistant_tokenizer=dtok)
+    modes = {"target-only": hf()}
+    for k in a.hf_k:
+        modes[f"HF UAD k={k}"] = hf(uad, k)
+    modes["HF UAD default"] = hf(uad)
+    spec = {m: specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer=m)
+            for m in ("text", "intersection")}
+    for m, model in spec.items():
+        def run(ids, model=model):
+            t0 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=n, do_sample=False, return_dict_in_generate=True)
+            return out.sequences, time.perf_counter() - t0, out.stats
+        modes[f"specdec {m} adaptive"] = run
+    for run in modes.values():  # warm-up: one-off costs (the vocabulary map, lazy inits) are paid here
+        run(prompts[0][:, :24])
+    rows = {name: {"tps": [], "stats": [], "mismatch": 0} for name in modes}
+    for i, ids in enumerate(prompts):
+        ref = None
+        for name, run in modes.items():
+            seq, dt, stats = run(ids)
+            rows[name]["tps"].append((seq.shape[1] - ids.shape[1]) / dt)
+            if stats is not None:
+                rows[name]["stats"].append(stats)
+            if ref is None:
+                ref = seq
+            elif not torch.equal(seq, ref):
+                rows[name]["mismatch"] += 1
+            print(f"prompt {i} {name}: {rows[name]['tps'][-1]:.2f} tok/s", flush=True)
+    base = statistics.mean(rows["target-only"]["tps"])
+    best_hf = max(statistics.mean(r["tps"]) for name, r in rows.items() if name.startswith("HF UAD"))
+    lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
+             f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
+             f"--hf-k {' '.join(map(str, a.hf_k))}`", "",
+             f"float32, greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
+             f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
+             "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | per-position acceptance | c | mismatches |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        tps = statistics.mean(r["tps"])
+        acc = tau = pos = c = ""
+        if r["stats"]:
+            s = r["stats"]
+            drafted = sum(x.drafted_tokens for x in s)
+            acc = f"{sum(x.accepted_tokens for x in s) / max(1, drafted):.2f}"
+            tau = f"{sum(x.new_tokens for x in s) / max(1, sum(x.target_forwards for x in s)):.2f}"
+            pos = ", ".join(f"{v:.2f}" for v in s[-1].per_position_acceptance[:6])
+            # c: seconds per drafted token (the re-tokenizing included) over target-only seconds per token
+            c = f"{sum(x.draft_s for x in s) / max(1, drafted) * base:.3f}" if drafted else ""
+        lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {tps / best_hf:.2f}x | {acc} | {tau} | {pos} | {c} "
+                     f"| {r['mismatch']} |")
+    md = "\n".join(lines) + "\n"
+    print(md)
+    write_text(Path(a.out + ".md"), md)
+
+
+if __name__ == "__main__":
+    main()
