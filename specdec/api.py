@@ -18,6 +18,7 @@ from .generation_config import (check_supported, config_processors, eos_ids, lim
                                 processor_lists, resolve_config, stop_string_criteria)
 from .hf.runner import max_positions_of
 from .policy import DraftPolicy, make_policy
+from .rows import assemble, split_rows
 from .verifiers.sampling import SamplingParams
 
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens", "tokenizer",
@@ -65,6 +66,7 @@ def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, 
 
 
 def _prompt(target, input_ids) -> torch.Tensor:
+    """input_ids checked: [B, T] int64 (a [T] prompt becomes [1, T])."""
     if input_ids is None:
         raise ValueError("input_ids is required")
     if not isinstance(input_ids, torch.Tensor):
@@ -73,9 +75,6 @@ def _prompt(target, input_ids) -> torch.Tensor:
         input_ids = input_ids[None]
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"specdec generates one sequence at a time: batch size {input_ids.shape[0]} > 1 is not "
-                         "supported yet; loop over the batch")
     if input_ids.shape[1] == 0:
         raise ValueError("empty prompt: input_ids has no tokens (give at least one, e.g. the BOS token)")
     max_pos = max_positions_of(target)
@@ -84,7 +83,7 @@ def _prompt(target, input_ids) -> torch.Tensor:
     vocab = target.config.get_text_config().vocab_size
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
-    return input_ids[0].long()
+    return input_ids.long()
 
 
 def _generator(device) -> torch.Generator:
@@ -156,51 +155,37 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
         if input_ids is not None:
             raise ValueError("pass the prompt once: as inputs= or as input_ids, not both")
         input_ids = inputs
-    prompt = _prompt(target, input_ids)
+    padded = _prompt(target, input_ids)  # [B, T]
+    rows = split_rows(padded, attention_mask)  # each row's own tokens: left padding dropped
     logits_processor, stopping_criteria = processor_lists(logits_processor, stopping_criteria)
-    if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
-        raise ValueError("attention_mask with padding is not supported (batch size 1 needs no padding)")
     kwargs.pop("use_cache", None)
     cfg, leftover, default_max_length = resolve_config(target, generation_config, kwargs)
     if leftover:
         raise ValueError(f"unknown keyword argument(s) for generate: {', '.join(sorted(leftover))}")
     stopping_criteria = stop_string_criteria(cfg, stopping_criteria, tokenizer)
-    limits, sampling = limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
-    before, after = config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
     record = _record_for(cfg)
     n = cfg.num_return_sequences or 1
-    if n > 1:
-        return _several(engine, cfg, prompt, sampling, limits, before, after, streamer, record, n)
-    seq, stats = engine.generate(prompt, sampling, limits, processors=before, streamer=streamer,
-                                 generator=_generator(engine.device), post_processors=after, record=record)
-    seq = seq[None].to(prompt.device)
-    if cfg.return_dict_in_generate:
-        return _output(seq, stats, record)
-    return seq
-
-
-def _several(engine, cfg, prompt, sampling, limits, before, after, streamer, record, n):
-    """num_return_sequences = n > 1: n independent samples, one after another (batches are not there yet),
-    shaped like HF's output: [n, T + longest], shorter rows padded with pad_token_id after their EOS."""
-    if not sampling.do_sample:
+    if n > 1 and not bool(cfg.do_sample):
         raise ValueError(f"num_return_sequences={n} needs do_sample=True: greedy decoding returns one sequence "
                          "(as in HF without beam search)")
-    if streamer is not None or record is not None:
-        raise ValueError(f"num_return_sequences={n} cannot be combined with a streamer or output_scores / "
-                         "output_logits yet (one sequence at a time)")
-    runs = [engine.generate(prompt, sampling, limits, processors=before, generator=_generator(engine.device),
-                            post_processors=after) for _ in range(n)]
+    if len(rows) * n > 1 and (streamer is not None or record is not None):
+        raise ValueError(f"{len(rows) * n} sequences (batch {len(rows)} x num_return_sequences {n}) cannot be combined "
+                         "with a streamer (HF streams one sequence too) or output_scores / output_logits yet")
+    outputs, stats, lengths = [], [], []
+    for prompt in rows:  # [T_i]
+        limits, sampling = limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
+        before, after = config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
+        for _ in range(n):  # one row at a time until the batched engine lands (specdec/rows.py)
+            seq, st = engine.generate(prompt, sampling, limits, processors=before, streamer=streamer,
+                                      generator=_generator(engine.device), post_processors=after, record=record)
+            outputs.append(seq)
+            stats.append(st)
+            lengths.append(prompt.numel())
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (limits.eos_token_ids or [0])[0]
-    width = max(seq.numel() for seq, _ in runs)
-    out = torch.full((n, width), int(pad), dtype=torch.long)
-    for i, (seq, _) in enumerate(runs):
-        out[i, :seq.numel()] = seq
-    out = out.to(prompt.device)
+    seq = assemble(padded.repeat_interleave(n, dim=0), lengths, outputs, pad)
     if cfg.return_dict_in_generate:
-        from .output import GenerateOutput
-
-        return GenerateOutput(sequences=out, stats=[st for _, st in runs])
-    return out
+        return _output(seq, stats[0] if len(stats) == 1 else stats, record)
+    return seq
 
 
 def _record_for(cfg) -> dict | None:
@@ -231,7 +216,8 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
              cross_tokenizer: str = "auto", **kwargs):
     """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
 
-    input_ids: [1, T] int64. Returns [1, T + N] int64, or GenerateOutput(sequences, stats) with
+    input_ids: [B, T] int64 (left-padded, with attention_mask, when B > 1: specdec/rows.py). Returns
+    [B, T + N] int64, or GenerateOutput(sequences, stats; a list of per-row stats when B > 1) with
     return_dict_in_generate=True. drafter: a PreTrainedModel sharing the vocabulary, a Drafter, 'ngram' or
     None (plain decoding through the same engine). tree: None (draft a chain) or a specdec.TreeSpec (draft a
     token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
@@ -352,7 +338,11 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
                           tokenizer=specdec_tokenizer, assistant_tokenizer=specdec_assistant_tokenizer,
                           cross_tokenizer=cross_tokenizer)
-    prompt = _prompt(model, input_ids)
+    batch = _prompt(model, input_ids)
+    if batch.shape[0] != 1:
+        raise ValueError(f"batch size {batch.shape[0]}: hf_custom_generate runs one sequence; pass the batch to "
+                         "specdec.generate (or a wrap()ed model), which takes left-padded batches")
+    prompt = batch[0]
     cfg = generation_config
     check_supported(cfg)
     max_new = cfg.max_length - prompt.numel()

@@ -137,7 +137,9 @@ def test_stats_are_consistent(target, draft):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "empty prompt"),
     (dict(input_ids=torch.randint(3, VOCAB, (1, 128))), "does not fit"),
-    (dict(input_ids=torch.randint(3, VOCAB, (2, 5))), "batch size 2"),
+    (dict(input_ids=torch.randint(3, VOCAB, (2, 5)), attention_mask=torch.tensor([[1, 1, 1, 0, 0], [1] * 5])),
+     "not left-padded"),
+    (dict(input_ids=torch.randint(3, VOCAB, (2, 5)), attention_mask=torch.tensor([[0] * 5, [1] * 5])), "no tokens"),
     (dict(num_beams=2), "num_beams"),
     (dict(draft_length=-1), "draft_length"),
     (dict(draft_length="sometimes"), "draft_length"),

@@ -250,17 +250,18 @@ def tiny(seed, scale=4.0):
     return tiny_vocab_model(V, seed, scale)
 
 
-def exact_joint(model):
+def exact_joint(model, prompt=None):
     """P(x_1..x_SAMPLE_NEW | prompt) under temperature + top-k: one forward per prefix, products of rows."""
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                         TopKLogitsWarper)
 
     warp = LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), TopKLogitsWarper(TOP_K)])
+    prompt = SAMPLE_PROMPT if prompt is None else prompt
     out = {(): 1.0}
     for _ in range(SAMPLE_NEW):
         nxt = {}
         for seq, prob in out.items():
-            ids = torch.cat([SAMPLE_PROMPT, torch.tensor([seq], dtype=torch.long).reshape(1, -1)], 1)
+            ids = torch.cat([prompt, torch.tensor([seq], dtype=torch.long).reshape(1, -1)], 1)
             with torch.no_grad():
                 row = torch.softmax(warp(ids, model(ids).logits[:, -1]), -1)[0]
             for tok in range(V):
