@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from .drafters.base import Drafter
+from .drafters.base import CheckedDrafter, Drafter
 from .engine import Engine, Limits
 from .generation_config import (check_supported, config_processors, eos_ids, limits_and_sampling,
                                 processor_lists, resolve_config, stop_string_criteria)
@@ -60,7 +60,7 @@ def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, 
     else:
         raise ValueError(f"drafter must be a PreTrainedModel, a specdec.drafters.Drafter or 'ngram', got "
                          f"{type(drafter).__name__}")
-    if hasattr(out, "check_compatible"):
+    if isinstance(out, CheckedDrafter):
         out.check_compatible(target)
     return out
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .cache.pool import BlockTable, PagePool
-from .drafters.base import Draft, DraftContext, DraftSetup, FeatureDrafter, TreeDrafter, check_draft
+from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, TreeDrafter,
+                            check_draft)
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
@@ -201,7 +202,7 @@ class Engine:
                                   post_processors)
         stats = SpecStats(prompt_tokens=T)
         stats.reused_prompt_tokens = target.valid
-        draft_model = getattr(self.drafter, "model", None)
+        draft_model = self.drafter.model if isinstance(self.drafter, ModelBackedDrafter) else None
         began = False
         tokens = None
         try:
@@ -316,10 +317,7 @@ class Engine:
         t2 = time.perf_counter()
         m = len(result.path)
         if not chain and m and result.path != list(range(m)):
-            self._compact(target.kv, table, L, result.path)
-            drafter_kv = getattr(self.drafter, "tree_kv", None)
-            if drafter_kv is not None:
-                self._compact(drafter_kv, table, L, result.path)
+            self._compact(target.kv, table, L, result.path)  # drafters keep no tree KV: theirs is scratch
         new = [toks[i] for i in result.path] + [result.next_token]
         target.rollback(L + 1 + m)
         if self.features is not None:  # the root's and the accepted nodes' features: positions L .. L + m

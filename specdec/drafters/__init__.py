@@ -7,7 +7,8 @@
 - CrossTokenizerDrafter: a draft model with its own tokenizer (token-level intersection or text).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
-from .base import Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, TreeDrafter
+from .base import (CheckedDrafter, Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, ModelBackedDrafter,
+                   TreeDrafter)
 from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
@@ -15,4 +16,5 @@ from .model import ModelDrafter
 from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
-           "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter"]
+           "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter",
+           "CheckedDrafter", "ModelBackedDrafter"]

@@ -139,6 +139,22 @@ class TreeDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class CheckedDrafter(Drafter, Protocol):
+    """A drafter that can tell before any generation whether it fits a target (vocabulary, tokenizers):
+    check_compatible(target) raises a ValueError naming the mismatch."""
+
+    def check_compatible(self, target) -> None: ...
+
+
+@runtime_checkable
+class ModelBackedDrafter(Drafter, Protocol):
+    """A drafter that runs a HF model of its own (`model`), whose attention the engine switches to
+    specdec's paged attention for the generation, as it does the target's."""
+
+    model: object
+
+
+@runtime_checkable
 class FeatureDrafter(Drafter, Protocol):
     """A drafter that reads the target's own features (a feature head, drafters/feature_head.py).
 

@@ -50,7 +50,6 @@ class FeatureHead:
         self.kv: PagedKV | None = None
         self.table = None
         self.features = None
-        self.tree_kv = None  # tree nodes are scratch, rewritten by the next catch-up: nothing to move
 
     # -- loading ---------------------------------------------------------------------------------
     @staticmethod

@@ -7,7 +7,7 @@ first forward of its next proposal.
 Trees (`propose_tree`): one draft forward per depth, all frontier nodes batched, written as scratch
 past the drafter's valid KV (see ModelRunner.forward_tree). Afterwards the drafter's KV is valid only
 for the committed context; the accepted tokens are re-run in the next proposal's catch-up forward
-(simplest and exact; so `tree_kv` stays None and the engine moves no drafter KV).
+(simplest and exact; the engine moves no drafter KV).
 """
 from __future__ import annotations
 
@@ -63,7 +63,6 @@ class ModelDrafter:
         self.runner: ModelRunner | None = None
         self.lean = lean
         self.deterministic = False
-        self.tree_kv = None  # set when the drafter writes tree nodes (KV moved with the target's on compaction)
 
     def check_compatible(self, target) -> None:
         tv, dv = vocab_size_of(target), vocab_size_of(self.model)
