@@ -85,6 +85,35 @@ def test_a_build_asked_for_more_data_keeps_its_full_shards_and_rebuilds_the_part
     assert json.loads((small.work / "manifest.json").read_text())["num_prompts"] == 18
 
 
+def test_a_run_resumed_on_grown_data_keeps_its_vocabulary_and_the_lm_head_rows_it_trains_against(tmp_path,
+                                                                                                   zoo_target):
+    """The draft vocabulary is chosen from the data's token counts at the start; a checkpoint resumed after
+    the data grew keeps its own ids, and the head must be trained (and measured) against the target's
+    LM-head rows of those ids. The heldout acceptance the trainer records with its in-memory head must
+    equal a fresh measurement of the saved head (which binds the rows of its saved ids)."""
+    from safetensors.torch import load_file
+
+    from specdec.training import head_data
+    from specdec.training.head_trainer import heldout_acceptance
+
+    target, tok = zoo_target
+    first = args(tmp_path, "v", steps=6, stop_at=2, num_prompts=12, draft_vocab=256)
+    assert train_head(first, target, tok, progress=False) is None
+    kept = load_file(str(first.work / "checkpoint.safetensors"))["net.vocab_ids"]
+    grown = args(tmp_path, "v", steps=6, num_prompts=36, num_text_chunks=12, draft_vocab=256)
+    out = train_head(grown, target, tok, progress=False)
+    data = first.work / "data"
+    paths = sorted(data.glob("chat-*.safetensors")) + sorted(data.glob("text-*.safetensors"))
+    dataset = head_data.Dataset(paths)
+    fresh = torch.sort(torch.topk(dataset.token_counts(len(tok)), 256, sorted=True).indices).values
+    assert not torch.equal(fresh, kept)  # the grown data would pick another vocabulary: the case under test
+    head = FeatureHead.from_pretrained(out, target)
+    assert torch.equal(head.net.vocab_ids, kept)
+    recorded = json.loads((out / "head_config.json").read_text())["trained"]["heldout"]
+    with torch.no_grad():
+        assert heldout_acceptance(head.net, target, dataset) == recorded
+
+
 def test_trainer_errors_name_the_problem(tmp_path, zoo_target):
     target, tok = zoo_target
     a = args(tmp_path, "x")

@@ -289,11 +289,11 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     net.vocab_ids.copy_(ids)
     net.to(device)
     net.init_from_target(target)
-    net.bind(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, seconds = _load_checkpoint(work, net, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = _load_saved_head(Path(args.resume_from), net)
+    net.bind(target)  # after any load: the LM-head rows it binds are those of the vocab_ids the head keeps
     t_start = time.monotonic() - seconds
     log = (work / "log.jsonl").open("a")
     bar = tqdm(total=args.steps, initial=step, desc="train", disable=not progress)
