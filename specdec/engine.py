@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .cache.pool import BlockTable, PagePool
+from .cache.pool import BlockTable, PagePool, common_prefix
 from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, TreeDrafter,
                             check_draft)
 from .hf.attention import specdec_attention
@@ -55,15 +55,6 @@ class _Kept:
     target: ModelRunner
     tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
     features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Engine:
@@ -180,7 +171,7 @@ class Engine:
         kept, self._kept = self._kept, None
         if kept is not None:  # multi-turn: reuse the KV of the longest common prefix, prefill only the rest
             table, target = kept.table, kept.target
-            reuse = min(_common_prefix(kept.tokens[:target.valid], prompt.tolist()), T - 1)
+            reuse = min(common_prefix(kept.tokens[:target.valid], prompt.tolist()), T - 1)
             target.rollback(reuse)
             table.truncate(reuse)
             self.reused_tokens = reuse

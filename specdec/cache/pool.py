@@ -9,6 +9,16 @@ from __future__ import annotations
 import torch
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two token lists share: how much of a kept sequence's KV a new one can reuse."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PoolExhausted(RuntimeError):
     """The KV budget cannot hold the requested tokens."""
 

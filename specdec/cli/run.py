@@ -138,12 +138,7 @@ def cmd_select(a) -> None:
                          ["ngram", f"early-exit:{layers // 2}", f"early-exit:{3 * layers // 4}"])
     if not a.drafts and zoo.head_for(a.target):
         names = names + [zoo.head_for(a.target)]
-    drafts = {}
-    for n in names:
-        if n == "ngram" or n.startswith("early-exit:") or n in zoo.heads() or n.startswith("head:"):
-            drafts[n] = _drafter_arg(n, tok, target=target)
-            continue
-        drafts[n] = _drafter_arg(n, tok, a.draft_dtype, target)  # another tokenizer: drafts across tokenizers
+    drafts = {n: _drafter_arg(n, tok, a.draft_dtype, target) for n in names}
     temps = [float(t) for t in a.temperatures.split(",")]
     report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
                           a.max_new_tokens)

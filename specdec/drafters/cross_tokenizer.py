@@ -30,11 +30,10 @@ import weakref
 
 import torch
 
-from ..cache.pool import BlockTable, PagePool
-from ..hf.lean import LeanRunner
+from ..cache.pool import BlockTable, PagePool, common_prefix
 from ..hf.runner import ModelRunner, max_positions_of
 from .base import Draft, DraftContext, DraftSetup
-from .model import draft_chain, vocab_size_of
+from .model import draft_chain, model_runner, vocab_size_of
 from .vocab_map import VocabMap, span_agreement
 
 MODES = ("auto", "intersection", "text")
@@ -60,15 +59,6 @@ def _check_text_tokenizer(tok, role: str) -> None:
     if not ids or not isinstance(text, str):
         raise ValueError(f"the {role} ({type(tok).__name__}) does not turn text into ids and back "
                          f"('Hello world' -> {ids!r} -> {text!r})")
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class CrossTokenizerDrafter:
@@ -124,8 +114,7 @@ class CrossTokenizerDrafter:
             device = next(self.model.parameters()).device
             pages = -(-(max_positions_of(self.model) or 8192) // self.page_size) + 1
             self.table = BlockTable(PagePool(pages, self.page_size), device)
-            runner = LeanRunner.for_model(self.model, self.table.pool, self.table, setup.kernel) if self.lean else None
-            self.runner = runner or ModelRunner(self.model, self.table.pool, self.table, setup.kernel)
+            self.runner = model_runner(self.model, self.table, setup.kernel, self.lean)
             self.ids = []
         if setup.prompt is None:
             return
@@ -173,7 +162,7 @@ class CrossTokenizerDrafter:
         """Roll the draft's KV back to what still matches the committed text, run the rest; returns the
         logits [1, V_draft] for the draft token after it."""
         want = self._draft_ids(target_tokens)
-        keep = min(_common_prefix(self.ids, want), len(want) - 1)
+        keep = min(common_prefix(self.ids, want), len(want) - 1)
         self.runner.rollback(keep)
         self.table.truncate(keep)
         self.ids = want

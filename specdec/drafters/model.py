@@ -50,6 +50,13 @@ def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -
     return Draft.chain(tokens, None if greedy else torch.stack(qs))
 
 
+def model_runner(model, table, kernel: bool, lean: bool = True) -> ModelRunner:
+    """A draft model's runner on `table`: the lean loop where the model is supported and its probe passes
+    (lean=True), else the HF modules."""
+    runner = LeanRunner.for_model(model, table.pool, table, kernel) if lean else None
+    return runner or ModelRunner(model, table.pool, table, kernel)
+
+
 def vocab_size_of(model) -> int:
     return model.config.get_text_config().vocab_size
 
@@ -77,13 +84,9 @@ class ModelDrafter:
         if self.runner is not None and self.runner.table is table:  # a kept sequence (chat): reuse our KV
             self.runner.rollback(min(self.runner.valid, setup.reused_tokens))
         else:
-            self.runner = self._new_runner(table, setup.kernel)
+            self.runner = model_runner(self.model, table, setup.kernel, self.lean)
         if prompt is not None and prompt.numel() > self.runner.valid:
             self.runner.forward(prompt[self.runner.valid:], logits_rows=1)
-
-    def _new_runner(self, table, kernel: bool) -> ModelRunner:
-        runner = LeanRunner.for_model(self.model, table.pool, table, kernel) if self.lean else None
-        return runner or ModelRunner(self.model, table.pool, table, kernel)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner
