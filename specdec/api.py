@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from .batch import RowRequest, batchable, generate_batch
 from .drafters.base import CheckedDrafter, Drafter
 from .engine import Engine, Limits
 from .generation_config import (check_supported, config_processors, eos_ids, limits_and_sampling,
@@ -171,16 +172,22 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
     if len(rows) * n > 1 and (streamer is not None or record is not None):
         raise ValueError(f"{len(rows) * n} sequences (batch {len(rows)} x num_return_sequences {n}) cannot be combined "
                          "with a streamer (HF streams one sequence too) or output_scores / output_logits yet")
-    outputs, stats, lengths = [], [], []
+    requests, lengths = [], []
     for prompt in rows:  # [T_i]
         limits, sampling = limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
         before, after = config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
-        for _ in range(n):  # one row at a time until the batched engine lands (specdec/rows.py)
-            seq, st = engine.generate(prompt, sampling, limits, processors=before, streamer=streamer,
-                                      generator=_generator(engine.device), post_processors=after, record=record)
+        requests += [RowRequest(prompt, limits, before, after) for _ in range(n)]
+        lengths += [prompt.numel()] * n
+    if len(requests) > 1 and batchable(engine) is None:  # one target forward per step for every row
+        outputs, stats = map(list, zip(*generate_batch(engine, requests, sampling, _generator(engine.device))))
+    else:  # one row after another (specdec/rows.py; batch.batchable says when)
+        outputs, stats = [], []
+        for r in requests:
+            seq, st = engine.generate(r.prompt, sampling, r.limits, processors=r.processors, streamer=streamer,
+                                      generator=_generator(engine.device), post_processors=r.post_processors,
+                                      record=record)
             outputs.append(seq)
             stats.append(st)
-            lengths.append(prompt.numel())
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (limits.eos_token_ids or [0])[0]
     seq = assemble(padded.repeat_interleave(n, dim=0), lengths, outputs, pad)
     if cfg.return_dict_in_generate:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .cache.pool import BlockTable, PagePool, common_prefix
-from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, TreeDrafter,
-                            check_draft)
+from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, HostCopy, ModelBackedDrafter,
+                            TreeDrafter, check_draft)
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
@@ -32,6 +32,7 @@ from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
+from .transfer import to_device
 from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain, path_to, subtree_parents
 from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
 from .verifiers.sampling import SamplingParams, probs_from_scores, sample
@@ -55,6 +56,23 @@ class _Kept:
     target: ModelRunner
     tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
     features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
+
+
+def pick_token(scores: torch.Tensor, sampling: SamplingParams, generator) -> int:
+    """The token after the last row of scores [r, V]: sampled, or the argmax."""
+    if sampling.do_sample:
+        return int(sample(probs_from_scores(scores[-1:]), generator)[0])
+    return int(scores[-1].argmax())
+
+
+def stops_at(tokens: list[int], T: int, limits: Limits, scores) -> bool:
+    """Whether the LAST token of `tokens` (prompt of T tokens + generated) ends generation."""
+    if len(tokens) - T >= limits.max_new_tokens or tokens[-1] in limits.eos_token_ids:
+        return True
+    if limits.stopping_criteria is not None:
+        ids = torch.tensor(tokens, dtype=torch.long)[None]
+        return bool(limits.stopping_criteria(ids, scores).any())
+    return False
 
 
 class Engine:
@@ -105,6 +123,7 @@ class Engine:
         self.features: FeatureLog | None = None  # the current generation's, when feature_layers
         self._record: dict | None = None  # the current generation's output_scores / output_logits lists
         self._busy = threading.Lock()  # one generation at a time: concurrent callers (threads) wait their turn
+        self.batch_planner = None  # specdec/batch.py's, made on the first batch
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -205,7 +224,7 @@ class Engine:
                     features.write(start, target.last_features)
                 stats.prefill_s = time.perf_counter() - t0
                 scores = pipeline(logits, prompt, [[]])
-                first = self._pick(scores, sampling, generator)
+                first = pick_token(scores, sampling, generator)
                 self._keep_rows(scores[-1:], logits[-1:])
                 tokens = prompt.tolist() + [first]
                 self._context = torch.empty(T + limits.max_new_tokens + 1, dtype=torch.long, device=self.device)
@@ -224,7 +243,7 @@ class Engine:
                     self.drafter.begin(DraftSetup(table, prompt, self.reused_tokens, self.target, target.kv,
                                                   self.kernel))
                     stats.prefill_s += time.perf_counter() - t_draft
-                done = self._stops(tokens, T, limits, scores[:1])
+                done = stops_at(tokens, T, limits, scores[:1])
                 self.policy.begin_sequence()
                 t_decode = time.perf_counter()
                 while not done:
@@ -251,20 +270,6 @@ class Engine:
             if streamer is not None:
                 streamer.end()
         return torch.tensor(tokens, dtype=torch.long), stats
-
-    def _pick(self, scores: torch.Tensor, sampling: SamplingParams, generator) -> int:
-        if sampling.do_sample:
-            return int(sample(probs_from_scores(scores[-1:]), generator)[0])
-        return int(scores[-1].argmax())
-
-    def _stops(self, tokens: list[int], T: int, limits: Limits, scores) -> bool:
-        """Whether the LAST token of `tokens` ends generation."""
-        if len(tokens) - T >= limits.max_new_tokens or tokens[-1] in limits.eos_token_ids:
-            return True
-        if limits.stopping_criteria is not None:
-            ids = torch.tensor(tokens, dtype=torch.long)[None]
-            return bool(limits.stopping_criteria(ids, scores).any())
-        return False
 
     def _step(self, tokens, T, target: ModelRunner, pipeline, sampling, limits, stats, generator, table,
               streamer, max_pos) -> bool:
@@ -295,7 +300,7 @@ class Engine:
         n = len(toks)
         chain = is_chain(par)
         node_depth = depth_list(par)
-        positions = torch.tensor([L] + [L + d for d in node_depth], dtype=torch.long).to(self.device)
+        positions = to_device([L] + [L + d for d in node_depth], torch.long, self.device)
         verify_tokens = torch.cat([context[-1:], draft.tokens])
         hidden = draft.hidden if n else None  # a self-speculative drafter already ran layers < from_layer
         logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(par, self.device), hidden=hidden,
@@ -321,10 +326,10 @@ class Engine:
             tokens.append(tok)
             emitted += 1
             self._keep_rows(scores[row][None], logits[row][None])
-            if self._stops(tokens, T, limits, scores[row][None]):
+            if stops_at(tokens, T, limits, scores[row][None]):
                 done = True
                 break
-        self._context[N:N + emitted] = torch.tensor(new[:emitted], dtype=torch.long)
+        self._context[N:N + emitted] = to_device(new[:emitted], torch.long, self.device)
         if self.drafter is not None:
             self.drafter.accept(len(tokens))
         table.truncate(target.valid)  # frees the pages of rejected nodes (the drafter rolled back in accept)
@@ -342,7 +347,7 @@ class Engine:
 
     def _compact(self, kv, table, L: int, path: list[int]) -> None:
         """Move the accepted path's KV (tree slots L+1+path) to L+1..L+m, in every layer."""
-        path_t = torch.tensor(path, device=self.device)
+        path_t = to_device(path, torch.long, self.device)
         if self.kernel:  # the Triton kernel, addressed through the block table like the attention kernel
             from .kernels import compact_kv
 
@@ -372,11 +377,11 @@ class Engine:
             toks = [toks[i] for i in keep]
             node_scores = None if node_scores is None else [node_scores[i] for i in keep]
             index = torch.tensor(keep, dtype=torch.long)
-            on_device = index.to(self.device)
-            draft = replace(draft, tokens=draft.tokens[on_device],
-                            parents=torch.tensor(par, dtype=torch.long).to(self.device),
+            on_device = to_device(keep, torch.long, self.device)
+            draft = replace(draft, tokens=draft.tokens[on_device], parents=to_device(par, torch.long, self.device),
                             q_probs=None if draft.q_probs is None else draft.q_probs[on_device],
-                            scores=None if draft.scores is None else draft.scores[index.to(draft.scores.device)])
+                            scores=None if draft.scores is None else draft.scores[index.to(draft.scores.device)],
+                            host=HostCopy(toks, par, node_scores))
         return draft, toks, par, node_scores
 
     def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):

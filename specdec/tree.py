@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .transfer import to_device
+
 
 def _host(parents) -> list[int]:
     """A parent array as a Python list: a list as is, a tensor read once (a sync on a device)."""
@@ -52,7 +54,7 @@ def ancestor_mask_with_root(parents, device=None) -> torch.Tensor:
     for i, p in enumerate(par):
         mask[i + 1] = mask[p + 1]
         mask[i + 1, i + 1] = True
-    return mask.to(device)
+    return to_device(mask, torch.bool, device)
 
 
 def path_to(parents: list[int], node: int) -> list[int]:

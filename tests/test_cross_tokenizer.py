@@ -12,7 +12,7 @@ import specdec
 from specdec.drafters import CrossTokenizerDrafter
 from specdec.drafters.vocab_map import VocabMap
 
-from conftest import build, hf_greedy, tiny_vocab_model
+from conftest import hf_greedy, tiny_vocab_model
 from test_trees import SAMPLE_NEW, SAMPLE_PROMPT, SAMPLES, exact_joint, gof
 
 NEW = 24

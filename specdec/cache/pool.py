@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..transfer import to_device
+
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens two token lists share: how much of a kept sequence's KV a new one can reuse."""
@@ -110,9 +112,9 @@ class BlockTable:
         if self._slots is None:
             ps = self.pool.page_size
             pages = torch.tensor(self.pages, dtype=torch.long)
-            self._slots = (pages[:, None] * ps + torch.arange(ps)).flatten().to(self.device)
+            self._slots = to_device((pages[:, None] * ps + torch.arange(ps)).flatten(), torch.long, self.device)
         return self._slots[start:end]
 
     def block_table_tensor(self) -> torch.Tensor:
         """[num_pages_held] int32 page ids, for kernels."""
-        return torch.tensor(self.pages, dtype=torch.int32, device=self.device)
+        return to_device(self.pages, torch.int32, self.device)

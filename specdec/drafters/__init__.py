@@ -8,7 +8,7 @@
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
 from .base import (CheckedDrafter, Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, ModelBackedDrafter,
-                   TreeDrafter)
+                   RowDrafter, TreeDrafter)
 from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
@@ -17,4 +17,4 @@ from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
            "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter",
-           "CheckedDrafter", "ModelBackedDrafter"]
+           "CheckedDrafter", "ModelBackedDrafter", "RowDrafter"]

@@ -14,6 +14,19 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
+from ..transfer import to_device
+
+
+@dataclass
+class HostCopy:
+    """A draft as Python lists, as the drafter built it on the host (every built-in drafter does: its
+    topology and tokens are decided there). The engine plans the step from these and never reads the
+    draft back from the device; a draft without one is read once (check_draft)."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float] | None = None
+
 
 @dataclass
 class Draft:
@@ -35,6 +48,8 @@ class Draft:
              drafters) each next sibling from q with the earlier siblings removed and renormalised;
              True independent draws (SpecInfer), duplicates allowed. Ignored for chains and for
              deterministic drafts.
+    host:    the same tokens, parents and scores as lists (HostCopy) when the drafter has them on the host;
+             Draft.from_lists builds both at once. Must agree with the tensors.
     """
 
     tokens: torch.Tensor
@@ -44,6 +59,7 @@ class Draft:
     from_layer: int = 0
     scores: torch.Tensor | None = None
     siblings_with_replacement: bool = False
+    host: HostCopy | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -54,9 +70,18 @@ class Draft:
         return Draft(tokens, torch.arange(-1, n - 1, dtype=torch.long, device=tokens.device), q_probs)
 
     @staticmethod
+    def from_lists(tokens: list[int], parents: list[int] | None, device, q_probs: torch.Tensor | None = None,
+                   scores: list[float] | None = None) -> "Draft":
+        """A draft built on the host: tokens and parents (None = a chain) as lists, copied to `device`
+        (pinned and asynchronous on a GPU) and kept as the HostCopy the engine plans from."""
+        parents = list(range(-1, len(tokens) - 1)) if parents is None else list(parents)
+        return Draft(to_device(tokens, torch.long, device), to_device(parents, torch.long, device), q_probs,
+                     scores=None if scores is None else torch.tensor(scores, dtype=torch.float32),
+                     host=HostCopy(list(tokens), parents, None if scores is None else list(scores)))
+
+    @staticmethod
     def empty(device=None) -> "Draft":
-        z = torch.zeros(0, dtype=torch.long, device=device)
-        return Draft(z, z.clone(), None)
+        return Draft.from_lists([], [], device)
 
 
 @dataclass
@@ -155,6 +180,18 @@ class ModelBackedDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class RowDrafter(Drafter, Protocol):
+    """A drafter that can serve the rows of a batch (specdec/batch.py).
+
+    for_row(): a fresh drafter of the same kind for one row, sharing this one's weights, with its own
+        per-sequence state (begin/accept/end are called per row); None when this configuration cannot
+        (the batch then runs its rows one after another)
+    """
+
+    def for_row(self) -> "Drafter | None": ...
+
+
+@runtime_checkable
 class FeatureDrafter(Drafter, Protocol):
     """A drafter that reads the target's own features (a feature head, drafters/feature_head.py).
 
@@ -174,8 +211,9 @@ def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[in
     """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
     q rows [n, vocab]. A ValueError names the drafter and what it got wrong.
 
-    Returns the draft's tokens, parents and scores (None if it has none) as Python lists: the step's one
-    read of the draft from the device (all in one transfer); the engine works from these lists."""
+    Returns the draft's tokens, parents and scores (None if it has none) as Python lists, from its
+    HostCopy when it has one (no device read: every built-in drafter), else in one transfer from the
+    device; the engine works from these lists."""
     name = type(drafter).__name__
     n = len(draft)
     if draft.tokens.dim() != 1 or draft.parents.shape != draft.tokens.shape:
@@ -183,18 +221,25 @@ def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[in
                          f"{tuple(draft.parents.shape)}: both must be [n]")
     if n > budget:
         raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
+    if draft.scores is not None and tuple(draft.scores.shape) != (n,):
+        raise ValueError(f"drafter {name} returned scores {tuple(draft.scores.shape)}, expected [{n}]")
     if n == 0:
         return [], [], None
     if draft.q_probs is not None and tuple(draft.q_probs.shape) != (n, vocab):
         raise ValueError(f"drafter {name} returned q_probs {tuple(draft.q_probs.shape)}, expected [{n}, {vocab}]")
-    rows = [draft.tokens.double(), draft.parents.to(draft.tokens.device).double()]  # ids < 2^53: exact
-    if draft.scores is not None:
-        if tuple(draft.scores.shape) != (n,):
-            raise ValueError(f"drafter {name} returned scores {tuple(draft.scores.shape)}, expected [{n}]")
-        rows.append(draft.scores.to(draft.tokens.device).double())
-    host = torch.stack(rows).tolist()
-    tokens, parents = [int(t) for t in host[0]], [int(p) for p in host[1]]
-    scores = host[2] if draft.scores is not None else None
+    if draft.host is not None:
+        host = draft.host
+        if len(host.tokens) != n or len(host.parents) != n or (host.scores is None) != (draft.scores is None) \
+                or (host.scores is not None and len(host.scores) != n):
+            raise ValueError(f"drafter {name} returned a HostCopy that does not match its tensors")
+        tokens, parents, scores = host.tokens, host.parents, host.scores
+    else:
+        rows = [draft.tokens.double(), draft.parents.to(draft.tokens.device).double()]  # ids < 2^53: exact
+        if draft.scores is not None:
+            rows.append(draft.scores.to(draft.tokens.device).double())
+        flat = torch.stack(rows).tolist()
+        tokens, parents = [int(t) for t in flat[0]], [int(p) for p in flat[1]]
+        scores = flat[2] if draft.scores is not None else None
     lo, hi = min(tokens), max(tokens)
     if lo < 0 or hi >= vocab:
         raise ValueError(f"drafter {name} proposed token id {lo if lo < 0 else hi}, outside the vocabulary [0, {vocab})")

@@ -197,4 +197,4 @@ class CrossTokenizerDrafter:
                 + self.draft_tok.decode(drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False))
         encoded = self.target_tok.encode(text, add_special_tokens=False)
         proposal = encoded[len(window):len(window) + budget] if encoded[:len(window)] == window else []
-        return Draft.chain(torch.tensor(proposal, dtype=torch.long, device=ctx.tokens.device))
+        return Draft.from_lists(proposal, None, ctx.tokens.device)

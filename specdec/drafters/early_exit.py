@@ -59,6 +59,10 @@ class EarlyExit(ModelDrafter):
         self.runner.kv.k, self.runner.kv.v = target_kv.k, target_kv.v  # layers < E: the target's own tensors
         self._target_kv = target_kv
 
+    def for_row(self) -> None:
+        """Not in batches yet: a shared-KV exit reads the target runner's length, which a batch keeps per row."""
+        return None
+
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         if not self.share_kv:
             return super().propose(ctx, budget)

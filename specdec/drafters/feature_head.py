@@ -146,9 +146,7 @@ class FeatureHead:
                 pred[node] = out[row]
             frontier = grower.expand(probs_from_scores(ctx.process(self._full_scores(out), ctx.tokens, paths)))
         toks, parents = grower.result()
-        return Draft(torch.tensor(toks, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device), None,
-                     scores=torch.tensor(grower.kept_scores, dtype=torch.float32))
+        return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 
     # -- the head over the paged cache -----------------------------------------------------------
     def _catch_up(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

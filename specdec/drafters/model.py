@@ -46,8 +46,7 @@ def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -
         if i + 1 == budget or (stop is not None and not stop(i + 1, conf)):
             break
         logits = advance(x, i)
-    tokens = torch.tensor(out, dtype=torch.long, device=ctx.tokens.device)
-    return Draft.chain(tokens, None if greedy else torch.stack(qs))
+    return Draft.from_lists(out, None, ctx.tokens.device, None if greedy else torch.stack(qs))
 
 
 def model_runner(model, table, kernel: bool, lean: bool = True) -> ModelRunner:
@@ -77,6 +76,9 @@ class ModelDrafter:
             raise ValueError(f"draft model vocabulary size {dv} does not match the target's {tv}: a draft model "
                              "shares the target's tokenizer, or drafts across tokenizers when given both: pass "
                              "tokenizer= (the target's) and assistant_tokenizer= (the draft's)")
+
+    def for_row(self) -> "ModelDrafter | None":
+        return ModelDrafter(self.model, self.lean)
 
     def begin(self, setup: DraftSetup) -> None:
         """Bind our pages to the sequence and prefill the prompt [T] (so drafting never pays for it)."""
@@ -132,9 +134,7 @@ class ModelDrafter:
             logits = runner.forward_tree(tokens, block_pos, mask.to(device))
             frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, paths)))
         toks, parents = grower.result()
-        return Draft(torch.tensor(toks, dtype=torch.long, device=device),
-                     torch.tensor(parents, dtype=torch.long, device=device), None,
-                     scores=torch.tensor(grower.kept_scores, dtype=torch.float32))
+        return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 
     def accept(self, num_context_tokens: int) -> None:
         self.runner.rollback(num_context_tokens - 1)

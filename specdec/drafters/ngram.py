@@ -146,6 +146,9 @@ class PromptLookup:
         self.index: NgramIndex | None = None
         self.num_context_tokens = 0
 
+    def for_row(self) -> "PromptLookup":
+        return PromptLookup(self.min_n, self.max_n, self.max_matches)
+
     def begin(self, setup: DraftSetup | None = None) -> None:
         self.index = NgramIndex(self.min_n, self.max_n, self.max_matches)
         self.num_context_tokens = 0
@@ -184,7 +187,7 @@ class PromptLookup:
         draft = self._sync(ctx.tokens).lookup(budget)
         if not draft:
             return Draft.empty(device)
-        return Draft.chain(torch.tensor(draft, dtype=torch.long, device=device))
+        return Draft.from_lists(draft, None, device)
 
     def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
         """The protocol's tree call: as many branches as the spec's root width, up to `budget` nodes.
@@ -200,11 +203,7 @@ class PromptLookup:
         tokens, parents = self._sync(ctx.tokens).lookup_tree(budget, max_branches)
         if not tokens:
             return Draft.empty(device)
-        return Draft(
-            torch.tensor(tokens, dtype=torch.long, device=device),
-            torch.tensor(parents, dtype=torch.long, device=device),
-            None,
-        )
+        return Draft.from_lists(tokens, parents, device)
 
     def accept(self, num_context_tokens: int) -> None:
         # Nothing to roll back: drafts never enter the index, only committed context does.

@@ -25,6 +25,10 @@ class StepMeta:
     write_slots: [n] int64; read_slots: [prefix_len + m + n] int64
     tree_mask: [n, m + n] bool (True = block column is ancestor-or-self of row); q_pos: [n] positions of
     the new tokens; block_pos: [m + n] positions of the block's keys (None: the block is the n new tokens)
+
+    A packed batch (hf/batch_runner.py) gives the whole mask instead: full_mask [n, T] bool over every
+    row's read slots, with read_pos [T] the position of each key (for sliding windows); prefix_len and
+    tree_mask are then unused by the mask.
     """
 
     prefix_len: int
@@ -35,6 +39,8 @@ class StepMeta:
     kernel: bool = False
     block_table: torch.Tensor | None = None
     block_pos: torch.Tensor | None = None
+    full_mask: torch.Tensor | None = None
+    read_pos: torch.Tensor | None = None
     calls: int = 0
     _masks: dict = field(default_factory=dict)
 
@@ -47,6 +53,11 @@ class StepMeta:
         """[n, prefix_len + m + n] bool; built once per forward per window size."""
         key = sliding_window or 0
         mask = self._masks.get(key)
+        if mask is None and self.full_mask is not None:
+            mask = self.full_mask
+            if sliding_window:
+                mask = mask & (self.q_pos[:, None] - self.read_pos[None, :] < sliding_window)
+            self._masks[key] = mask
         if mask is None:
             n, dev = self.q_pos.numel(), self.q_pos.device
             mask = torch.cat([torch.ones(n, self.prefix_len, dtype=torch.bool, device=dev), self.tree_mask], dim=1)

@@ -1,0 +1,236 @@
+"""Speculative decoding for a batch of sequences: one target forward per step verifies every live row.
+
+Each row is its own sequence on the shared page pool: its own block table (holding only its real
+tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own drafter
+instance (RowDrafter.for_row: shared weights, per-row state), its own acceptance tracker and logits
+pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it), then ONE
+packed forward (hf/batch_runner.py) runs each row's [root + draft] against that row's pages only, then
+each row is verified, rolled back and committed on its own exactly as the single-sequence engine does
+(engine.py), so every row's output is its own generation token for token (greedy) or a sample of its
+own distribution (sampling). A row that ends (EOS, length, a stopping criterion) gives its pages back
+and drops out of the next step's forward.
+
+Chains only: trees, typical acceptance, self-speculative drafts and feature heads run the rows one after
+another through the single-sequence engine (api.py decides; `batchable` says why not).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .cache.pool import BlockTable
+from .drafters.base import Draft, DraftContext, DraftSetup, ModelBackedDrafter, RowDrafter, check_draft
+from .engine import Engine, Limits, pick_token, stops_at
+from .hf.attention import specdec_attention
+from .hf.batch_runner import BatchRunner, RowForward
+from .hf.runner import check_rope_span, max_positions_of
+from .policy.batch import BatchPlanner
+from .policy.simple import ConstantPolicy
+from .processing import LogitsPipeline
+from .stats import SpecStats
+from .transfer import to_device
+from .verifiers import greedy_chain, sample_chain
+from .verifiers.sampling import SamplingParams, probs_from_scores
+
+
+@dataclass
+class RowRequest:
+    """One row: its prompt [T] int64 (no padding), when it stops, and its HF processors (built for its
+    own prompt length: before / after specdec's warping, as Engine.generate takes them)."""
+
+    prompt: torch.Tensor
+    limits: Limits
+    processors: object = None
+    post_processors: object = None
+
+
+def batchable(engine: Engine) -> str | None:
+    """Why `engine` cannot run a batch in one forward per step (None: it can)."""
+    if engine.tree is not None:
+        return "token trees run row by row"
+    if engine.acceptance != "exact":
+        return "typical acceptance runs row by row"
+    if engine.keep_cache:
+        return "a kept cache (chat) holds one sequence"
+    if engine.drafter is not None and not (isinstance(engine.drafter, RowDrafter) and engine.drafter.for_row()):
+        return f"{type(engine.drafter).__name__} cannot serve a batch's rows"
+    return None
+
+
+def planner_for(engine: Engine) -> BatchPlanner:
+    """The engine's batch planner, made on its first batch and kept (its cost model is the target's, so
+    the next batch starts from what this one measured; acceptance is tracked per row, afresh per call):
+    a constant draft_length stays constant per row; any other policy plans by the batch's measured
+    costs, up to its max_length."""
+    planner = engine.batch_planner
+    if planner is None:
+        policy = engine.policy
+        if engine.drafter is None:
+            planner = BatchPlanner(0, fixed=0)
+        elif isinstance(policy, ConstantPolicy):
+            planner = BatchPlanner(policy.k, fixed=policy.k)
+        else:
+            planner = BatchPlanner(policy.max_length or 8)
+        engine.batch_planner = planner
+    return planner
+
+
+class _Row:
+    """A live row's state."""
+
+    def __init__(self, request: RowRequest, table: BlockTable, drafter, tracker, pipeline, context: torch.Tensor):
+        self.request = request
+        self.T = request.prompt.numel()
+        self.table = table
+        self.drafter = drafter
+        self.tracker = tracker
+        self.pipeline = pipeline
+        self.context = context  # [T + max_new + 1] on the device; the committed tokens lead it
+        self.tokens: list[int] = request.prompt.tolist()
+        self.valid = 0  # leading positions holding the target's KV
+        self.stats = SpecStats(prompt_tokens=self.T)
+        self.began = False
+        self.done = False
+        self.decode_t0 = 0.0
+
+
+def generate_batch(engine: Engine, requests: list[RowRequest], sampling: SamplingParams,
+                   generator: torch.Generator | None = None) -> list[tuple[torch.Tensor, SpecStats]]:
+    """Every request's (sequence [T_i + N_i] int64, stats), generated together (see the module doc)."""
+    why = batchable(engine)
+    if why is not None:
+        raise ValueError(f"this engine cannot run a batch in one forward per step: {why}")
+    with engine._busy:
+        return _generate(engine, requests, sampling, generator)
+
+
+@torch.no_grad()
+def _generate(engine: Engine, requests, sampling, generator):
+    dev, target = engine.device, engine.target
+    planner = planner_for(engine)
+    max_pos = max_positions_of(target)
+    for r in requests:
+        check_rope_span(target, r.prompt.numel(), r.limits.max_new_tokens)
+    ps = engine.page_size
+    need = sum(-(-(r.prompt.numel() + r.limits.max_new_tokens + planner.max_length + 2) // ps) * ps for r in requests)
+    pool = engine._pool_for(need)
+    runner = BatchRunner(target, pool)
+    rows: list[_Row] = []
+    drafters = [engine.drafter.for_row() for _ in requests] if engine.drafter is not None else [None] * len(requests)
+    draft_model = engine.drafter.model if isinstance(engine.drafter, ModelBackedDrafter) else None
+    try:
+        with specdec_attention(target, draft_model):
+            for r, drafter in zip(requests, drafters):
+                prompt = r.prompt.to(dev)
+                context = torch.empty(prompt.numel() + r.limits.max_new_tokens + 1, dtype=torch.long, device=dev)
+                context[:prompt.numel()] = prompt
+                pipeline = LogitsPipeline(sampling, prompt.numel(), r.limits.min_new_tokens, r.limits.eos_token_ids,
+                                          r.processors, r.post_processors)
+                rows.append(_Row(r, BlockTable(pool, dev), drafter, planner.new_row(), pipeline, context))
+            _prefill(engine, runner, rows, sampling, generator)
+            live = [row for row in rows if not row.done]
+            while live:
+                _step(engine, runner, planner, live, sampling, generator, max_pos)
+                live = [row for row in live if not row.done]
+    finally:
+        for row in rows:
+            if row.began:
+                row.drafter.end()
+            row.table.release()
+    return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
+
+
+def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator) -> None:
+    """All prompts in one forward; each row's first token; each drafter's own prefill."""
+    t0 = time.perf_counter()
+    logits = runner.forward([RowForward(row.table, 0, row.context[:row.T], logits_rows=1) for row in rows])
+    t1 = time.perf_counter()
+    for row, lg in zip(rows, logits):
+        prompt = row.context[:row.T]
+        row.valid = row.T
+        scores = row.pipeline(lg, prompt, [[]])
+        first = pick_token(scores, sampling, generator)
+        row.tokens.append(first)
+        row.context[row.T] = first
+        row.stats.prefill_s = row.stats.ttft_s = t1 - t0
+        if row.drafter is not None:
+            t_draft = time.perf_counter()
+            row.began = True
+            row.drafter.begin(DraftSetup(row.table, prompt, 0, engine.target, runner.kv, engine.kernel))
+            row.stats.prefill_s += time.perf_counter() - t_draft
+        row.done = stops_at(row.tokens, row.T, row.request.limits, scores[:1])
+        row.decode_t0 = time.perf_counter()
+        if row.done:
+            _finish(row)
+
+
+def _step(engine, runner: BatchRunner, planner: BatchPlanner, live: list[_Row], sampling, generator, max_pos) -> None:
+    caps = []
+    for row in live:
+        n = len(row.tokens)
+        cap = row.request.limits.max_new_tokens - (n - row.T) - 1
+        caps.append(max(0, min(cap, max_pos - n) if max_pos is not None else cap))
+    ks = planner.plan([row.tracker for row in live], caps)
+    t0 = time.perf_counter()
+    drafts, forwards, drafted = [], [], 0
+    for row, k in zip(live, ks):
+        N = len(row.tokens)
+        context = row.context[:N]
+        draft, toks = Draft.empty(engine.device), []
+        if k > 0 and row.drafter is not None:
+            ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=row.pipeline)
+            draft = row.drafter.propose(ctx, k)
+            toks, _, _ = check_draft(row.drafter, draft, k, engine.vocab_size)
+        drafts.append((draft, toks))
+        drafted += len(toks)
+        forwards.append(RowForward(row.table, N - 1, torch.cat([context[-1:], draft.tokens])))
+    t1 = time.perf_counter()
+    logits = runner.forward(forwards)
+    t2 = time.perf_counter()
+    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, drafted, t1 - t0)
+    for row, (draft, toks), lg, k in zip(live, drafts, logits, ks):
+        _commit(row, draft, toks, lg, k, sampling, generator, t1 - t0, t2 - t1)
+
+
+def _commit(row: _Row, draft: Draft, toks: list[int], logits: torch.Tensor, k: int, sampling, generator,
+            draft_s: float, verify_s: float) -> None:
+    """Verify one row's chain against its rows of the batch's logits [n + 1, V], roll back, commit."""
+    N = len(row.tokens)
+    L = N - 1
+    context = row.context[:N]
+    n = len(toks)
+    scores = row.pipeline(logits, context, [[]] + [toks[:i + 1] for i in range(n)])
+    if sampling.do_sample:
+        result = sample_chain(draft.tokens, probs_from_scores(scores), draft.q_probs, generator)
+    else:
+        result = greedy_chain(draft.tokens, scores)
+    m = len(result.path)
+    new = toks[:m] + [result.next_token]
+    row.valid = L + 1 + m
+    emitted = 0
+    for tok, i in zip(new, range(m + 1)):
+        row.tokens.append(tok)
+        emitted += 1
+        if stops_at(row.tokens, row.T, row.request.limits, scores[i][None]):
+            row.done = True
+            break
+    row.context[N:N + emitted] = to_device(new[:emitted], torch.long, row.context.device)
+    if row.drafter is not None:
+        row.drafter.accept(len(row.tokens))
+    row.table.truncate(row.valid)
+    row.tracker.observe(n, m, result.beta)
+    row.stats.record_step(n, m, depth=n)
+    row.stats.draft_s += draft_s
+    row.stats.verify_s += verify_s
+    if row.done:
+        _finish(row)
+
+
+def _finish(row: _Row) -> None:
+    st = row.stats
+    st.decode_s = time.perf_counter() - row.decode_t0
+    st.total_s = st.prefill_s + st.decode_s
+    st.new_tokens = len(row.tokens) - row.T
+    st.tracker = row.tracker.to_dict()

@@ -1,0 +1,92 @@
+"""One forward of an unmodified HF causal LM over several sequences of the shared paged cache.
+
+The rows' new tokens are packed ragged into one sequence of sum(n_i) tokens (HF sees a batch of 1), each
+token with its own row's position; the mask is block-diagonal: a row's tokens see that row's committed
+KV (its own block table's slots) and the ancestors-or-self among its own new tokens, never another row.
+One set of page tensors (PagedKV, indexed by page id) serves every row's table. Callers must be inside
+`specdec_attention(model)`. The attention runs on the torch path (the Triton kernel takes one table).
+
+Cost: the dense mask is [sum n_i, sum T_i], so attention does B times the work a per-row kernel would;
+weights are read once for all rows, which is what a batch is for on memory-bound hardware.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.paged import PagedKV
+from ..cache.pool import BlockTable, PagePool
+from ..transfer import to_device
+from .attention import check_supported
+from .cache import PagedCache, StepMeta
+from .runner import causal_mask, num_layers_of
+
+
+@dataclass
+class RowForward:
+    """One row's part of a packed forward.
+
+    table: the row's BlockTable; start: its committed KV length (the new tokens go to start .. start+n-1);
+    tokens [n] int64; positions [n] int64 (None: start + arange(n)); tree_mask [n, n] bool (None: causal);
+    logits_rows: None (all n rows) or an int r (the last r)."""
+
+    table: BlockTable
+    start: int
+    tokens: torch.Tensor
+    positions: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    logits_rows: int | None = None
+
+
+class BatchRunner:
+    """One model's page tensors on `pool`, addressed through any number of rows' block tables."""
+
+    def __init__(self, model, pool: PagePool):
+        check_supported(model)
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.kv = PagedKV(pool, num_layers_of(model), self.device)
+        self.cache = PagedCache(self.kv)
+        self.num_layers = self.kv.num_layers
+
+    @torch.no_grad()
+    def forward(self, rows: list[RowForward]) -> list[torch.Tensor]:
+        """Run every row's new tokens in one forward; returns each row's logits [r_i, V] float32."""
+        if not rows:
+            return []
+        dev = self.device
+        writes, reads, q_pos, k_pos, keep, blocks = [], [], [], [], [], []
+        offset = 0
+        for row in rows:
+            n, start = row.tokens.numel(), row.start
+            if n == 0:
+                raise ValueError("a row of a packed forward must run at least one token")
+            row.table.reserve(start + n)
+            pos = row.positions if row.positions is not None else torch.arange(start, start + n, device=dev)
+            writes.append(row.table.slots(start, start + n))
+            reads.append(row.table.slots(0, start + n))
+            q_pos.append(pos)
+            k_pos.append(torch.cat([torch.arange(start, device=dev), pos]))
+            tree = row.tree_mask if row.tree_mask is not None else causal_mask(n, dev)
+            blocks.append(torch.cat([torch.ones(n, start, dtype=torch.bool, device=dev), tree.to(dev)], dim=1))
+            r = n if row.logits_rows is None else row.logits_rows
+            keep.extend(range(offset + n - r, offset + n))
+            offset += n
+        meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
+                        tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=torch.cat(q_pos),
+                        full_mask=torch.block_diag(*blocks), read_pos=torch.cat(k_pos))
+        self.cache.meta = meta
+        try:
+            out = self.model(input_ids=torch.cat([row.tokens.to(dev) for row in rows])[None],
+                             position_ids=meta.q_pos[None], cache=self.cache, use_cache=True, specdec_meta=meta,
+                             logits_to_keep=to_device(keep, torch.long, dev))
+        finally:
+            self.cache.meta = None
+        if meta.calls != self.num_layers:
+            raise RuntimeError(
+                f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {self.num_layers} layers; "
+                "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
+        logits = out.logits[0].float()
+        sizes = [row.tokens.numel() if row.logits_rows is None else row.logits_rows for row in rows]
+        return list(logits.split(sizes))

@@ -1,0 +1,87 @@
+"""Draft lengths for a batch: per-row acceptance, one cost for the whole step.
+
+In a batched step every live row drafts, then ONE target forward verifies all rows' tokens. Its cost
+grows with the total number of tokens in it (at B = 8 on a CPU a forward is no longer bound by reading
+the weights), so a row's longer draft is paid by the whole batch. The planner keeps one
+AcceptanceTracker per row (acceptance is a property of the row's text) and one CostModel over the
+forward's total tokens N = sum_i (k_i + 1), plus the seconds per drafted token (rows draft one after
+another). It picks the lengths k_i that maximise the step's expected tokens per second:
+
+    rate(k) = sum_i tau_i(k_i) / (T_verify(N) + T_draft_token * sum_i k_i)
+
+greedily: starting from plain batched decoding (every k_i = 0), add the draft token with the largest
+acceptance probability prod_{j <= k_i + 1} alpha_ij (the expected gain of that token, which only falls
+as k_i grows) and keep the best plan on that path. All zeros is the fallback when speculation stops
+paying. Until costs are measured, verification is priced flat (the optimistic, memory-bound prior of
+CostModel), so the first steps draft and measure.
+"""
+from __future__ import annotations
+
+from .costs import CostModel
+from .tracker import AcceptanceTracker
+
+
+class BatchPlanner:
+    """max_length: the longest draft for any row; fixed: every row drafts exactly this many (a constant
+    draft_length), the trackers and costs still record what happened."""
+
+    def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8):
+        if max_length < 0 or (fixed is not None and fixed < 0):
+            raise ValueError(f"draft lengths must be >= 0, got max_length={max_length}, fixed={fixed}")
+        self.max_length = int(max_length)
+        self.fixed = fixed
+        self.probe_every = probe_every
+        self.costs = CostModel()
+        self.history: list[list[int]] = []  # the lengths planned, step by step (for reports)
+
+    def new_row(self) -> AcceptanceTracker:
+        return AcceptanceTracker()
+
+    def plan(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
+        """One draft length per live row; caps [B]: the most each row may draft (tokens it has left)."""
+        if self.fixed is not None:
+            ks = [min(self.fixed, cap) for cap in caps]
+        else:
+            ks = self._greedy(trackers, [min(self.max_length, cap) for cap in caps])
+            if self.probe_every and len(self.history) % self.probe_every == self.probe_every - 1:
+                ks = [k // 2 for k in ks]
+        self.history.append(ks)
+        return ks
+
+    def _greedy(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
+        rows = len(trackers)
+        rates = [t.per_position for t in trackers]
+        ks, reach = [0] * rows, [1.0] * rows  # reach[i]: P(row i's first k_i drafts all accepted)
+        gain = float(rows)  # every row emits one token per step
+        drafted = 0
+        d = self.costs.t_draft
+
+        def rate() -> float:
+            return gain / max(1e-12, self.costs.t_verify(rows + drafted) + d * drafted)
+
+        best, best_ks = rate(), list(ks)
+        while True:
+            options = [(reach[i] * _at(rates[i], ks[i]), i) for i in range(rows) if ks[i] < caps[i]]
+            if not options:
+                break
+            p, i = max(options)
+            if p <= 0.0:
+                break
+            reach[i] = p
+            ks[i] += 1
+            gain += p
+            drafted += 1
+            r = rate()
+            if r > best:
+                best, best_ks = r, list(ks)
+        return best_ks
+
+    def observe(self, total_tokens: int, verify_s: float, drafted: int, draft_s: float) -> None:
+        """The step's forward ran total_tokens tokens in verify_s; the rows drafted `drafted` tokens in draft_s."""
+        self.costs.observe_verify(total_tokens, verify_s)
+        self.costs.observe_draft(drafted, draft_s)
+
+
+def _at(rates: list[float], k: int) -> float:
+    """alpha for draft position k + 1 (rates past the tracked positions repeat the last)."""
+    return rates[min(k, len(rates) - 1)]

@@ -1,0 +1,208 @@
+"""The batched engine (specdec/batch.py): one packed target forward per step for every live row.
+
+The packed forward gives each row exactly its own logits; greedy rows equal their own unpadded HF
+generation for batches of 1 to 8 prompts and every chain drafter; each step runs one forward holding
+every live row and nothing else; sampled rows are independent (a variant whose rows share random
+draws fails the test); the planner backs off to plain batched decoding when verification costs
+grow with the tokens verified; nothing leaks when the budget is exhausted."""
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+import specdec
+import specdec.batch as batch_mod
+from specdec.cache.pool import BlockTable, PagePool
+from specdec.hf.attention import specdec_attention
+from specdec.hf.batch_runner import BatchRunner, RowForward
+from specdec.policy.batch import BatchPlanner
+from specdec.policy.tracker import AcceptanceTracker
+
+from conftest import ARCHS, build, hf_greedy, tiny_vocab_model
+from test_batches import left_padded
+from test_engine_greedy import prompts
+from test_trees import TEMPERATURE, TOP_K, exact_joint, gof
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_packed_forward_gives_every_row_its_own_logits(arch):
+    """Three rows of different lengths (longer than the sliding windows), then a few tokens more each:
+    every row's logits equal the model's own forward over that row alone."""
+    model = build(arch, seed=0)
+    pool = PagePool(64, 4)
+    runner = BatchRunner(model, pool)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 60, (n,), generator=g) for n in (5, 11, 8)]
+    more = [torch.randint(3, 60, (n,), generator=g) for n in (3, 1, 4)]
+    tables = [BlockTable(pool) for _ in rows]
+    with specdec_attention(model):
+        first = runner.forward([RowForward(t, 0, r) for t, r in zip(tables, rows)])
+        second = runner.forward([RowForward(t, r.numel(), m) for t, r, m in zip(tables, rows, more)])
+    for r, m, a, b in zip(rows, more, first, second):
+        with torch.no_grad():
+            own = model(input_ids=torch.cat([r, m])[None]).logits[0].float()
+        torch.testing.assert_close(a, own[:r.numel()], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b, own[r.numel():], rtol=1e-4, atol=1e-5)
+
+
+def _spy_forwards(monkeypatch) -> list[int]:
+    """Rows per packed forward, call by call."""
+    sizes = []
+    forward = BatchRunner.forward
+
+    def counted(self, rows):
+        sizes.append(len(rows))
+        return forward(self, rows)
+
+    monkeypatch.setattr(BatchRunner, "forward", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
+@pytest.mark.parametrize("drafter", ["ngram", "self", "partial"])
+def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypatch, arch, drafter):
+    """'self' drafts 3 tokens with the target itself (every token accepted: rollback never cuts), 'partial'
+    with a perturbed copy (accepted in part), 'ngram' with lookup (both planned by the adaptive batch
+    planner); batches of 1, 2, 5 and 8 prompts."""
+    target = build(arch, seed=0, scale=2.0)
+    if drafter == "partial":
+        draft = build(arch, seed=0, scale=2.0)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+    chosen = {"ngram": "ngram", "self": target, "partial": draft if drafter == "partial" else None}[drafter]
+    all_rows = prompts(8, seed=21, length=(3, 16))
+    for size in (1, 2, 5, 8):
+        rows = all_rows[:size]
+        ids, mask = left_padded(rows)
+        sizes = _spy_forwards(monkeypatch)
+        out = specdec.generate(target, ids, attention_mask=mask, drafter=chosen, max_new_tokens=12,
+                               eos_token_id=None, return_dict_in_generate=True,
+                               draft_length=3 if drafter == "self" else "adaptive")
+        monkeypatch.undo()
+        for i, r in enumerate(rows):
+            own = hf_greedy(target, r, 12, eos_token_id=None)[0, r.shape[1]:]
+            assert torch.equal(out.sequences[i, ids.shape[1]:], own), (size, i)
+        if size > 1:
+            stats = out.stats
+            steps = max(s.target_forwards for s in stats)
+            assert sizes[0] == size and len(sizes) == steps + 1, (sizes, steps)  # prefill + one per step
+            assert sizes == sorted(sizes, reverse=True)  # finished rows drop out, none comes back
+            if drafter == "self":
+                assert all(s.accepted_tokens == s.drafted_tokens > 0 for s in stats)
+
+
+def test_rows_that_stop_at_eos_drop_out_and_free_their_pages():
+    target = build("llama", seed=0, scale=2.0)
+    rows = prompts(4, seed=22, length=(3, 10))
+    firsts = [hf_greedy(target, r, 12, eos_token_id=None)[0, r.shape[1]:] for r in rows]
+    eos = int(firsts[0][2])
+    ids, mask = left_padded(rows)
+    model = specdec.wrap(target, drafter=target)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+    want = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                           pad_token_id=0)
+    assert torch.equal(out, want)
+    assert model.engine.pool.num_used == 0
+
+
+def test_an_exhausted_budget_names_it_and_frees_every_row():
+    target = build("llama", seed=0)
+    model = specdec.wrap(target, drafter="ngram", max_kv_tokens=40)
+    ids, mask = left_padded(prompts(3, seed=23, length=(8, 12)))
+    with pytest.raises(RuntimeError, match="max_kv_tokens"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=30, eos_token_id=None)
+    assert model.engine.pool.num_used == 0
+
+
+def _coupled(monkeypatch):
+    """A lossy variant for the power check: every row of a step draws from the same random stream."""
+    step, commit, prefill = batch_mod._step, batch_mod._commit, batch_mod._prefill
+    seed = {"n": 0, "state": None}
+
+    def step_(engine, runner, planner, live, sampling, generator, max_pos):
+        seed["state"] = generator.get_state()
+        return step(engine, runner, planner, live, sampling, generator, max_pos)
+
+    def commit_(row, draft, toks, logits, k, sampling, generator, draft_s, verify_s):
+        generator.set_state(seed["state"])
+        return commit(row, draft, toks, logits, k, sampling, generator, draft_s, verify_s)
+
+    monkeypatch.setattr(batch_mod, "_step", step_)
+    monkeypatch.setattr(batch_mod, "_commit", commit_)
+    return prefill
+
+
+@pytest.mark.parametrize("coupled", [False, True], ids=["batched", "rows sharing draws (control)"])
+def test_sampled_rows_are_independent_draws_of_their_own_distribution(monkeypatch, coupled):
+    """Two rows with the same prompt: each row's 4 tokens follow the target (goodness of fit), and the
+    rows' last tokens are independent (contingency test). Rows sharing their random draws fail it."""
+    target, draft = tiny_vocab_model(4, 0, 4.0), tiny_vocab_model(4, 7, 4.0)
+    prompt = torch.tensor([[0, 1, 2]])
+    exact = exact_joint(target, prompt)
+    if coupled:
+        _coupled(monkeypatch)
+    model = specdec.wrap(target, drafter=draft, draft_length=2)
+    ids = prompt.repeat(2, 1)
+    counts, n = [{}, {}], 600
+    table = torch.zeros(4, 4)
+    torch.manual_seed(99)
+    for _ in range(n):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=True,
+                             temperature=TEMPERATURE, top_k=TOP_K)
+        for i in range(2):
+            key = tuple(out[i, 3:].tolist())
+            counts[i][key] = counts[i].get(key, 0) + 1
+        table[out[0, -1], out[1, -1]] += 1
+    used = table[table.sum(1) > 0][:, table.sum(0) > 0]
+    independence = chi2_contingency(used.numpy()).pvalue
+    if coupled:
+        assert independence < 1e-6, independence
+    else:
+        assert min(gof(exact, c, n) for c in counts) > 1e-3
+        assert independence > 1e-3, independence
+
+
+def _tracker(alpha: float, steps: int = 40, k: int = 4) -> AcceptanceTracker:
+    t = AcceptanceTracker()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        n = 0
+        while n < k and float(torch.rand(1, generator=g)) < alpha:
+            n += 1
+        t.observe(k, n)
+    return t
+
+
+def test_the_planner_drafts_where_acceptance_pays_and_backs_off_when_verification_is_not_free():
+    flat = BatchPlanner(max_length=6, probe_every=0)
+    for n in (4, 12, 28):
+        for _ in range(5):
+            flat.observe(n, 0.010, 0, 0.0)  # memory bound: any number of tokens costs the same
+    good, poor = _tracker(0.9), _tracker(0.1)
+    ks = flat.plan([good, poor], [6, 6])
+    assert ks[0] == 6 and ks[0] > ks[1]
+
+    steep = BatchPlanner(max_length=6, probe_every=0)
+    for n in (4, 12, 28):
+        for _ in range(5):
+            steep.observe(n, 0.010 * n, 0, 0.0)  # compute bound: every token verified costs a full token
+    assert steep.plan([_tracker(0.6)] * 4, [6] * 4) == [0, 0, 0, 0]
+    assert BatchPlanner(4, fixed=3).plan([good, poor], [2, 9]) == [2, 3]  # a constant length, capped
+
+
+def test_every_probe_step_halves_the_plan_so_the_costs_see_two_sizes():
+    planner = BatchPlanner(max_length=4, probe_every=4)
+    good = _tracker(0.9)
+    plans = [planner.plan([good, good], [4, 4]) for _ in range(8)]
+    assert plans[3] == [2, 2] and plans[7] == [2, 2] and plans[0] == [4, 4]
+
+
+def test_what_cannot_batch_says_why_and_runs_row_by_row():
+    target = build("llama", seed=0)
+    tree = specdec.wrap(target, drafter="ngram", tree=specdec.TreeSpec.static([2, 1]))
+    assert "tree" in batch_mod.batchable(tree.engine)
+    early = specdec.wrap(target, drafter=specdec.drafters.EarlyExit(target, 1))
+    assert "EarlyExit" in batch_mod.batchable(early.engine)
+    assert batch_mod.batchable(specdec.wrap(target, drafter="ngram").engine) is None
+    with pytest.raises(ValueError, match="cannot run a batch"):
+        batch_mod.generate_batch(tree.engine, [], None)
