@@ -84,9 +84,16 @@ def main() -> None:
     def hf(ids, mask):
         return target.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=pad), None
 
+    planned: dict[int, list[int]] = {}  # B -> every planned per-row length of the batched runs
+
     def spec_batch(ids, mask):
+        planner = batched.engine.batch_planner
+        before = len(planner.history) if planner is not None else 0
         out = batched.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=pad,
                                return_dict_in_generate=True)
+        planner = batched.engine.batch_planner
+        if planner is not None and ids.shape[0] > 1:
+            planned.setdefault(ids.shape[0], []).extend(k for ks in planner.history[before:] for k in ks)
         return out.sequences, out.stats if isinstance(out.stats, list) else [out.stats]
 
     def spec_loop(ids, mask):
@@ -138,10 +145,11 @@ def main() -> None:
              f"--rounds {a.rounds}`", "",
              f"float32, greedy, the same 8 prompts (chat and code editing, alternating) in groups of B, up to {n} new "
              f"tokens, {a.threads} threads, {a.rounds} rounds, methods alternating within each group after a warm-up. "
-             "Total tokens/s over all groups; specdec uses the n-gram drafter (adaptive).", "",
+             "Total tokens/s over all groups; specdec uses the n-gram drafter (adaptive). Planned: the batch "
+             "planner's length per live row and step; drafted: what the lookup found (it may find less).", "",
              "| B | HF batched tok/s | specdec batched tok/s | vs HF batched | specdec row loop tok/s | batched vs loop "
-             "| mean draft length per row-step | acceptance | rows differing from their own generation |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| planned draft length per row-step | drafted per row-step | acceptance | rows differing from their own generation |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for B in a.sizes:
         r = result[B]
         tps = {m: r[m]["tokens"] / max(1e-9, r[m]["seconds"]) for m in methods if r[m]["seconds"]}
@@ -152,8 +160,10 @@ def main() -> None:
         loop = tps.get("specdec row loop")
         spec = tps["specdec batched"]
         loop_tps, vs_loop = ("", "") if loop is None else (f"{loop:.1f}", f"{spec / loop:.2f}x")
+        ks = planned.get(B)
+        plan = f"{sum(ks) / len(ks):.2f}" if ks else "(single-sequence policy)"
         lines.append(f"| {B} | {tps['HF batched']:.1f} | {tps['specdec batched']:.1f} | "
-                     f"{spec / tps['HF batched']:.2f}x | {loop_tps} | {vs_loop} | {k:.2f} | {acc:.2f} | "
+                     f"{spec / tps['HF batched']:.2f}x | {loop_tps} | {vs_loop} | {plan} | {k:.2f} | {acc:.2f} | "
                      f"HF {r['HF batched']['differs']}, specdec {r['specdec batched']['differs']} |")
     md = "\n".join(lines) + "\n"
     print(md)

@@ -23,13 +23,15 @@ from test_engine_greedy import prompts
 from test_trees import TEMPERATURE, TOP_K, exact_joint, gof
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_the_packed_forward_gives_every_row_its_own_logits(arch):
+@pytest.mark.parametrize("arch, lean", [(a, True) for a in ARCHS] + [("llama", False), ("qwen2", False)])
+def test_the_packed_forward_gives_every_row_its_own_logits(arch, lean):
     """Three rows of different lengths (longer than the sliding windows), then a few tokens more each:
-    every row's logits equal the model's own forward over that row alone."""
+    every row's logits equal the model's own forward over that row alone, through the lean loop (Llama,
+    Mistral, Qwen2) and through the HF modules."""
     model = build(arch, seed=0)
     pool = PagePool(64, 4)
-    runner = BatchRunner(model, pool)
+    runner = BatchRunner(model, pool, lean=lean)
+    assert (runner.lean is not None) == (lean and arch in ("llama", "mistral", "qwen2"))
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 60, (n,), generator=g) for n in (5, 11, 8)]
     more = [torch.randint(3, 60, (n,), generator=g) for n in (3, 1, 4)]

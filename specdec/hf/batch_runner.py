@@ -4,7 +4,8 @@ The rows' new tokens are packed ragged into one sequence of sum(n_i) tokens (HF 
 token with its own row's position; the mask is block-diagonal: a row's tokens see that row's committed
 KV (its own block table's slots) and the ancestors-or-self among its own new tokens, never another row.
 One set of page tensors (PagedKV, indexed by page id) serves every row's table. Callers must be inside
-`specdec_attention(model)`. The attention runs on the torch path (the Triton kernel takes one table).
+`specdec_attention(model)`. The attention runs on the torch path (the Triton kernel takes one table):
+through hf/lean.py's loop where the model passes its bit-exactness probe, else the HF modules.
 
 Cost: the dense mask is [sum n_i, sum T_i], so attention does B times the work a per-row kernel would;
 weights are read once for all rows, which is what a batch is for on memory-bound hardware.
@@ -20,6 +21,7 @@ from ..cache.pool import BlockTable, PagePool
 from ..transfer import to_device
 from .attention import check_supported
 from .cache import PagedCache, StepMeta
+from .lean import LeanRunner
 from .runner import causal_mask, num_layers_of
 
 
@@ -42,11 +44,12 @@ class RowForward:
 class BatchRunner:
     """One model's page tensors on `pool`, addressed through any number of rows' block tables."""
 
-    def __init__(self, model, pool: PagePool):
+    def __init__(self, model, pool: PagePool, lean: bool = True):
         check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
-        self.kv = PagedKV(pool, num_layers_of(model), self.device)
+        self.lean = LeanRunner.for_model(model, pool, None, exact=True) if lean else None
+        self.kv = self.lean.kv if self.lean is not None else PagedKV(pool, num_layers_of(model), self.device)
         self.cache = PagedCache(self.kv)
         self.num_layers = self.kv.num_layers
 
@@ -76,17 +79,19 @@ class BatchRunner:
         meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
                         tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=torch.cat(q_pos),
                         full_mask=torch.block_diag(*blocks), read_pos=torch.cat(k_pos))
+        tokens, keep = torch.cat([row.tokens.to(dev) for row in rows]), to_device(keep, torch.long, dev)
+        sizes = [row.tokens.numel() if row.logits_rows is None else row.logits_rows for row in rows]
+        if self.lean is not None:
+            need = max(row.start + row.tokens.numel() for row in rows) + 1
+            return list(self.lean.run_meta(self.lean.embed(tokens), meta, need, keep).split(sizes))
         self.cache.meta = meta
         try:
-            out = self.model(input_ids=torch.cat([row.tokens.to(dev) for row in rows])[None],
-                             position_ids=meta.q_pos[None], cache=self.cache, use_cache=True, specdec_meta=meta,
-                             logits_to_keep=to_device(keep, torch.long, dev))
+            out = self.model(input_ids=tokens[None], position_ids=meta.q_pos[None], cache=self.cache, use_cache=True,
+                             specdec_meta=meta, logits_to_keep=keep)
         finally:
             self.cache.meta = None
         if meta.calls != self.num_layers:
             raise RuntimeError(
                 f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {self.num_layers} layers; "
                 "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
-        logits = out.logits[0].float()
-        sizes = [row.tokens.numel() if row.logits_rows is None else row.logits_rows for row in rows]
-        return list(logits.split(sizes))
+        return list(out.logits[0].float().split(sizes))

@@ -131,16 +131,23 @@ class LeanRunner(ModelRunner):
         if self.kernel:
             return super()._run(tokens, start, positions, block_pos, tree_mask, logits_rows, hidden, start_layer)
         n, b = tokens.numel(), tree_mask.shape[1]  # b = m + n: a tree block's m earlier nodes, then these n
-        first = start_layer if hidden is not None else 0
         end = start + b
         self.table.reserve(end)
-        write, read = self.table.slots(end - n, end), self.table.slots(0, end)
+        meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
+                        read_slots=self.table.slots(0, end), tree_mask=tree_mask, q_pos=positions, block_pos=block_pos)
         x = self.embed(tokens) if hidden is None else hidden  # [n, H]
-        cos, sin = self._rope(positions, x.dtype, end + 1)  # a node's position is start + its depth (< b)
+        # a node's position is start + its depth (< b): end + 1 bounds every position
+        return self.run_meta(x, meta, end + 1, logits_rows, start_layer if hidden is not None else 0)
+
+    def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
+        """The layer loop from layer `first` over hidden states x [n, H] addressed by `meta` (its write and
+        read slots, q_pos and mask: one sequence's, or a packed batch's, hf/batch_runner.py); need bounds
+        max(q_pos) + 1 on the host. Returns logits [r, V] float32."""
+        n = x.shape[0]
+        cos, sin = self._rope(meta.q_pos, x.dtype, need)
         cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
-        meta = StepMeta(prefix_len=start, write_slots=write, read_slots=read, tree_mask=tree_mask, q_pos=positions,
-                        block_pos=block_pos)
+        write, read = meta.write_slots, meta.read_slots
         want, top = set(self.capture), len(self.layers)
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
