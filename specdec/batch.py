@@ -3,15 +3,17 @@
 Each row is its own sequence on the shared page pool: its own block table (holding only its real
 tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own drafter
 instance (RowDrafter.for_row: shared weights, per-row state), its own acceptance tracker and logits
-pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it), then ONE
-packed forward (hf/batch_runner.py) runs each row's [root + draft] against that row's pages only, then
+pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree
+(the engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet),
+then ONE packed forward (hf/batch_runner.py) runs each row's [root + draft] (tree positions and
+ancestor mask for a tree) against that row's pages only, then
 each row is verified, rolled back and committed on its own exactly as the single-sequence engine does
 (engine.py), so every row's output is its own generation token for token (greedy) or a sample of its
 own distribution (sampling). A row that ends (EOS, length, a stopping criterion) gives its pages back
 and drops out of the next step's forward.
 
-Chains only: trees, typical acceptance, self-speculative drafts and feature heads run the rows one after
-another through the single-sequence engine (api.py decides; `batchable` says why not).
+Typical acceptance, self-speculative drafts, feature heads and cross-tokenizer drafts run the rows one
+after another through the single-sequence engine (api.py decides; `batchable` says why not).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import torch
 
 from .cache.pool import BlockTable
 from .drafters.base import Draft, DraftContext, DraftSetup, ModelBackedDrafter, RowDrafter, check_draft
-from .engine import Engine, Limits, pick_token, stops_at
+from .engine import Engine
 from .hf.attention import specdec_attention
 from .hf.batch_runner import BatchRunner, RowForward
 from .hf.runner import check_rope_span, max_positions_of
@@ -30,9 +32,10 @@ from .policy.batch import BatchPlanner
 from .policy.simple import ConstantPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
+from .step import Limits, compact_path, pick_token, propose_tree, stops_at, verify
 from .transfer import to_device
-from .verifiers import greedy_chain, sample_chain
-from .verifiers.sampling import SamplingParams, probs_from_scores
+from .tree import ancestor_mask_with_root, depth_list, is_chain, path_to
+from .verifiers.sampling import SamplingParams
 
 
 @dataclass
@@ -48,8 +51,6 @@ class RowRequest:
 
 def batchable(engine: Engine) -> str | None:
     """Why `engine` cannot run a batch in one forward per step (None: it can)."""
-    if engine.tree is not None:
-        return "token trees run row by row"
     if engine.acceptance != "exact":
         return "typical acceptance runs row by row"
     if engine.keep_cache:
@@ -69,6 +70,8 @@ def planner_for(engine: Engine) -> BatchPlanner:
         policy = engine.policy
         if engine.drafter is None:
             planner = BatchPlanner(0, fixed=0)
+        elif engine.tree is not None:  # every row drafts the spec's tree, as deep as its tokens left allow
+            planner = BatchPlanner(engine.tree.depth, fixed=engine.tree.depth)
         elif isinstance(policy, ConstantPolicy):
             planner = BatchPlanner(policy.k, fixed=policy.k)
         else:
@@ -178,39 +181,47 @@ def _step(engine, runner: BatchRunner, planner: BatchPlanner, live: list[_Row], 
     for row, k in zip(live, ks):
         N = len(row.tokens)
         context = row.context[:N]
-        draft, toks = Draft.empty(engine.device), []
+        draft, toks, par = Draft.empty(engine.device), [], []
         if k > 0 and row.drafter is not None:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=row.pipeline)
-            draft = row.drafter.propose(ctx, k)
-            toks, _, _ = check_draft(row.drafter, draft, k, engine.vocab_size)
-        drafts.append((draft, toks))
+            if engine.tree is not None:
+                spec = engine.tree.limited(k)
+                draft, toks, par, _ = propose_tree(row.drafter, ctx, spec, spec.nodes, engine.vocab_size, engine.device)
+            else:
+                draft = row.drafter.propose(ctx, k)
+                toks, par, _ = check_draft(row.drafter, draft, k, engine.vocab_size)
+        drafts.append((draft, toks, par))
         drafted += len(toks)
-        forwards.append(RowForward(row.table, N - 1, torch.cat([context[-1:], draft.tokens])))
+        L = N - 1
+        positions = to_device([L] + [L + d for d in depth_list(par)], torch.long, engine.device)
+        forwards.append(RowForward(row.table, L, torch.cat([context[-1:], draft.tokens]), positions,
+                                   ancestor_mask_with_root(par, engine.device)))
     t1 = time.perf_counter()
     logits = runner.forward(forwards)
     t2 = time.perf_counter()
     planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, drafted, t1 - t0)
-    for row, (draft, toks), lg, k in zip(live, drafts, logits, ks):
-        _commit(row, draft, toks, lg, k, sampling, generator, t1 - t0, t2 - t1)
+    for row, (draft, toks, par), lg in zip(live, drafts, logits):
+        _commit(row, runner, draft, toks, par, lg, sampling, generator, t1 - t0, t2 - t1)
 
 
-def _commit(row: _Row, draft: Draft, toks: list[int], logits: torch.Tensor, k: int, sampling, generator,
-            draft_s: float, verify_s: float) -> None:
-    """Verify one row's chain against its rows of the batch's logits [n + 1, V], roll back, commit."""
+def _commit(row: _Row, runner: BatchRunner, draft: Draft, toks: list[int], par: list[int], logits: torch.Tensor,
+            sampling, generator, draft_s: float, verify_s: float) -> None:
+    """Verify one row's draft against its rows of the batch's logits [n + 1, V], roll back, commit."""
     N = len(row.tokens)
     L = N - 1
     context = row.context[:N]
     n = len(toks)
-    scores = row.pipeline(logits, context, [[]] + [toks[:i + 1] for i in range(n)])
-    if sampling.do_sample:
-        result = sample_chain(draft.tokens, probs_from_scores(scores), draft.q_probs, generator)
-    else:
-        result = greedy_chain(draft.tokens, scores)
+    chain = is_chain(par)
+    paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else [[toks[j] for j in path_to(par, i)] for i in range(n)])
+    scores = row.pipeline(logits, context, paths)
+    result = verify(draft, scores, sampling, generator, chain)
     m = len(result.path)
-    new = toks[:m] + [result.next_token]
+    if not chain and m and result.path != list(range(m)):
+        compact_path(runner.kv, row.table, L, result.path, kernel=False)
+    new = [toks[i] for i in result.path] + [result.next_token]
     row.valid = L + 1 + m
     emitted = 0
-    for tok, i in zip(new, range(m + 1)):
+    for tok, i in zip(new, [0] + [p + 1 for p in result.path]):  # i: the scores row that predicted tok
         row.tokens.append(tok)
         emitted += 1
         if stops_at(row.tokens, row.T, row.request.limits, scores[i][None]):
@@ -221,7 +232,7 @@ def _commit(row: _Row, draft: Draft, toks: list[int], logits: torch.Tensor, k: i
         row.drafter.accept(len(row.tokens))
     row.table.truncate(row.valid)
     row.tracker.observe(n, m, result.beta)
-    row.stats.record_step(n, m, depth=n)
+    row.stats.record_step(n, m, depth=max(depth_list(par), default=0))
     row.stats.draft_s += draft_s
     row.stats.verify_s += verify_s
     if row.done:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 
 from .cache.pool import BlockTable, PagePool, common_prefix
-from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, HostCopy, ModelBackedDrafter,
-                            TreeDrafter, check_draft)
+from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, TreeDrafter,
+                            check_draft)
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
@@ -32,20 +32,10 @@ from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
+from .step import Limits, compact_path, pick_token, propose_tree, stops_at, verify
 from .transfer import to_device
-from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain, path_to, subtree_parents
-from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
-from .verifiers.sampling import SamplingParams, probs_from_scores, sample
-
-
-@dataclass
-class Limits:
-    """When to stop. max_new_tokens is exact; eos ends generation right after the EOS token."""
-
-    max_new_tokens: int
-    min_new_tokens: int = 0
-    eos_token_ids: list[int] = field(default_factory=list)
-    stopping_criteria: object = None  # HF StoppingCriteriaList or None
+from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain, path_to
+from .verifiers.sampling import SamplingParams
 
 
 @dataclass
@@ -56,23 +46,6 @@ class _Kept:
     target: ModelRunner
     tokens: list[int]  # committed tokens; the target holds KV for tokens[:target.valid]
     features: FeatureLog | None = None  # the target's features of those positions (a feature-head drafter)
-
-
-def pick_token(scores: torch.Tensor, sampling: SamplingParams, generator) -> int:
-    """The token after the last row of scores [r, V]: sampled, or the argmax."""
-    if sampling.do_sample:
-        return int(sample(probs_from_scores(scores[-1:]), generator)[0])
-    return int(scores[-1].argmax())
-
-
-def stops_at(tokens: list[int], T: int, limits: Limits, scores) -> bool:
-    """Whether the LAST token of `tokens` (prompt of T tokens + generated) ends generation."""
-    if len(tokens) - T >= limits.max_new_tokens or tokens[-1] in limits.eos_token_ids:
-        return True
-    if limits.stopping_criteria is not None:
-        ids = torch.tensor(tokens, dtype=torch.long)[None]
-        return bool(limits.stopping_criteria(ids, scores).any())
-    return False
 
 
 class Engine:
@@ -290,7 +263,10 @@ class Engine:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=pipeline,
                                should_continue=None if self.tree is not None else self.policy.should_continue)
             if self.tree is not None:
-                draft, toks, par, node_scores = self._propose_tree(ctx, budget)
+                spec = self.tree.limited(budget)
+                nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, self.policy.tree_budget(spec.nodes))
+                draft, toks, par, node_scores = propose_tree(self.drafter, ctx, spec, nodes, self.vocab_size,
+                                                             self.device)
             else:
                 draft = self.drafter.propose(ctx, budget)
                 toks, par, node_scores = check_draft(self.drafter, draft, budget, self.vocab_size)  # one read
@@ -309,11 +285,11 @@ class Engine:
         paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else
                         [[toks[j] for j in path_to(par, i)] for i in range(n)])
         scores = pipeline(logits, context, paths)
-        result = self._verify(draft, scores, sampling, generator, chain)
+        result = verify(draft, scores, sampling, generator, chain, self.acceptance)
         t2 = time.perf_counter()
         m = len(result.path)
         if not chain and m and result.path != list(range(m)):
-            self._compact(target.kv, table, L, result.path)  # drafters keep no tree KV: theirs is scratch
+            compact_path(target.kv, table, L, result.path, self.kernel)  # drafters keep no tree KV: theirs is scratch
         new = [toks[i] for i in result.path] + [result.next_token]
         target.rollback(L + 1 + m)
         if self.features is not None:  # the root's and the accepted nodes' features: positions L .. L + m
@@ -344,58 +320,4 @@ class Engine:
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))
         return done
-
-    def _compact(self, kv, table, L: int, path: list[int]) -> None:
-        """Move the accepted path's KV (tree slots L+1+path) to L+1..L+m, in every layer."""
-        path_t = to_device(path, torch.long, self.device)
-        if self.kernel:  # the Triton kernel, addressed through the block table like the attention kernel
-            from .kernels import compact_kv
-
-            src_pos = L + 1 + path_t
-            dst_pos = torch.arange(L + 1, L + 1 + len(path), device=self.device)
-            block_table = table.block_table_tensor()
-            for layer in range(kv.num_layers):
-                if kv.k[layer] is not None:
-                    k_pages, v_pages = kv.pages_view(layer)
-                    compact_kv(k_pages, v_pages, block_table, src_pos, dst_pos)
-        else:
-            n = max(path) + 1
-            kv.move(table.slots(L + 1, L + 1 + n)[path_t], table.slots(L + 1, L + 1 + len(path)))
-
-    def _propose_tree(self, ctx: DraftContext, max_depth: int):
-        """The drafter's tree for this step (the spec cut to max_depth levels, at most its node budget) and
-        its tokens, parents and scores as lists (check_draft)."""
-        spec = self.tree.limited(max_depth)
-        nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, self.policy.tree_budget(spec.nodes))
-        if nodes <= 0:
-            return Draft.empty(self.device), [], [], None
-        draft = self.drafter.propose_tree(ctx, spec, nodes)
-        toks, par, node_scores = check_draft(self.drafter, draft, nodes, self.vocab_size)
-        keep = [i for i, d in enumerate(depth_list(par)) if d <= spec.depth]  # ancestor-closed
-        if len(keep) < len(toks):  # lookup branches may run deeper than the spec allows
-            par = subtree_parents(par, keep)
-            toks = [toks[i] for i in keep]
-            node_scores = None if node_scores is None else [node_scores[i] for i in keep]
-            index = torch.tensor(keep, dtype=torch.long)
-            on_device = to_device(keep, torch.long, self.device)
-            draft = replace(draft, tokens=draft.tokens[on_device], parents=to_device(par, torch.long, self.device),
-                            q_probs=None if draft.q_probs is None else draft.q_probs[on_device],
-                            scores=None if draft.scores is None else draft.scores[index.to(draft.scores.device)],
-                            host=HostCopy(toks, par, node_scores))
-        return draft, toks, par, node_scores
-
-    def _verify(self, draft: Draft, scores, sampling, generator, chain: bool):
-        if self.acceptance == "typical" and sampling.do_sample:  # greedy decoding emits the argmax either way
-            from .verifiers import typical_tree
-
-            return typical_tree(draft.tokens, draft.parents, probs_from_scores(scores), generator)
-        if not sampling.do_sample:
-            if chain:
-                return greedy_chain(draft.tokens, scores)
-            return greedy_tree(draft.tokens, draft.parents, scores)
-        p = probs_from_scores(scores)
-        q = draft.q_probs
-        if chain:
-            return sample_chain(draft.tokens, p, q, generator)
-        return sample_tree(draft.tokens, draft.parents, p, q, generator, draft.siblings_with_replacement)
 

@@ -60,12 +60,16 @@ def _spy_forwards(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
-@pytest.mark.parametrize("drafter", ["ngram", "self", "partial"])
+@pytest.mark.parametrize("drafter", ["ngram", "self", "partial", "partial tree", "ngram tree"])
 def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypatch, arch, drafter):
     """'self' drafts 3 tokens with the target itself (every token accepted: rollback never cuts), 'partial'
     with a perturbed copy (accepted in part), 'ngram' with lookup (both planned by the adaptive batch
-    planner); batches of 1, 2, 5 and 8 prompts."""
+    planner), and both of those drafting trees (a dynamic tree, a static one for lookup: accepted paths
+    off the first branch are compacted per row); batches of 1, 2, 5 and 8 prompts."""
     target = build(arch, seed=0, scale=2.0)
+    tree = {"partial tree": specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2),
+            "ngram tree": specdec.TreeSpec.static([3, 1, 1])}.get(drafter)
+    drafter = drafter.replace(" tree", "")
     if drafter == "partial":
         draft = build(arch, seed=0, scale=2.0)
         with torch.no_grad():
@@ -79,7 +83,7 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
         sizes = _spy_forwards(monkeypatch)
         out = specdec.generate(target, ids, attention_mask=mask, drafter=chosen, max_new_tokens=12,
                                eos_token_id=None, return_dict_in_generate=True,
-                               draft_length=3 if drafter == "self" else "adaptive")
+                               draft_length=3 if drafter == "self" else "adaptive", tree=tree)
         monkeypatch.undo()
         for i, r in enumerate(rows):
             own = hf_greedy(target, r, 12, eos_token_id=None)[0, r.shape[1]:]
@@ -118,32 +122,33 @@ def test_an_exhausted_budget_names_it_and_frees_every_row():
 
 def _coupled(monkeypatch):
     """A lossy variant for the power check: every row of a step draws from the same random stream."""
-    step, commit, prefill = batch_mod._step, batch_mod._commit, batch_mod._prefill
-    seed = {"n": 0, "state": None}
+    step, commit = batch_mod._step, batch_mod._commit
+    seed = {"state": None}
 
     def step_(engine, runner, planner, live, sampling, generator, max_pos):
         seed["state"] = generator.get_state()
         return step(engine, runner, planner, live, sampling, generator, max_pos)
 
-    def commit_(row, draft, toks, logits, k, sampling, generator, draft_s, verify_s):
-        generator.set_state(seed["state"])
-        return commit(row, draft, toks, logits, k, sampling, generator, draft_s, verify_s)
+    def commit_(*args):
+        args[7].set_state(seed["state"])  # the generator
+        return commit(*args)
 
     monkeypatch.setattr(batch_mod, "_step", step_)
     monkeypatch.setattr(batch_mod, "_commit", commit_)
-    return prefill
 
 
-@pytest.mark.parametrize("coupled", [False, True], ids=["batched", "rows sharing draws (control)"])
-def test_sampled_rows_are_independent_draws_of_their_own_distribution(monkeypatch, coupled):
-    """Two rows with the same prompt: each row's 4 tokens follow the target (goodness of fit), and the
-    rows' last tokens are independent (contingency test). Rows sharing their random draws fail it."""
+@pytest.mark.parametrize("coupled, tree", [(False, None), (False, specdec.TreeSpec.static([2, 1])), (True, None)],
+                         ids=["batched", "batched tree", "rows sharing draws (control)"])
+def test_sampled_rows_are_independent_draws_of_their_own_distribution(monkeypatch, coupled, tree):
+    """Two rows with the same prompt: each row's 4 tokens follow the target (goodness of fit), chains and
+    trees, and the rows' last tokens are independent (contingency test). Rows sharing their random
+    draws fail it."""
     target, draft = tiny_vocab_model(4, 0, 4.0), tiny_vocab_model(4, 7, 4.0)
     prompt = torch.tensor([[0, 1, 2]])
     exact = exact_joint(target, prompt)
     if coupled:
         _coupled(monkeypatch)
-    model = specdec.wrap(target, drafter=draft, draft_length=2)
+    model = specdec.wrap(target, drafter=draft, **(dict(tree=tree) if tree else dict(draft_length=2)))
     ids = prompt.repeat(2, 1)
     counts, n = [{}, {}], 600
     table = torch.zeros(4, 4)
@@ -201,10 +206,10 @@ def test_every_probe_step_halves_the_plan_so_the_costs_see_two_sizes():
 
 def test_what_cannot_batch_says_why_and_runs_row_by_row():
     target = build("llama", seed=0)
-    tree = specdec.wrap(target, drafter="ngram", tree=specdec.TreeSpec.static([2, 1]))
-    assert "tree" in batch_mod.batchable(tree.engine)
+    typical = specdec.wrap(target, drafter="ngram", acceptance="typical")
+    assert "typical" in batch_mod.batchable(typical.engine)
     early = specdec.wrap(target, drafter=specdec.drafters.EarlyExit(target, 1))
     assert "EarlyExit" in batch_mod.batchable(early.engine)
     assert batch_mod.batchable(specdec.wrap(target, drafter="ngram").engine) is None
     with pytest.raises(ValueError, match="cannot run a batch"):
-        batch_mod.generate_batch(tree.engine, [], None)
+        batch_mod.generate_batch(typical.engine, [], None)
