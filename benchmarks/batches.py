@@ -7,12 +7,14 @@ Side by side in one process, alternating method by method within each batch afte
     looping over the rows (the single-sequence engine, same drafter)
 
 Prompts: benchmarks/prompts/chat.jsonl and code_edit.jsonl alternating (no training run or test uses them),
-in the target's chat template; the first 8 are cut into groups of B, so every B generates for the same 8
+in the target's chat template; for the zoo target (no chat template) the zoo's held-out prompts
+(specdec.zoo.prompts: function openings from modules it never trained on). The first 8 are cut into groups of B, so every B generates for the same 8
 prompts. Throughput counts each row's real new tokens (up to and including its EOS) over the wall time of
 the batch. specdec's rows must equal the loop's (each row's own unpadded generation); HF's padded
 batch may differ from them where left padding changes a row's float rounding, counted as `differs`.
 
-    python benchmarks/batches.py [--sizes 1 2 4 8] [--max-new-tokens 64] [--rounds 2] [--out ...]
+    python benchmarks/batches.py [--target smollm2-135m-instruct] [--drafter ngram | ZOO_DRAFT_NAME]
+        [--sizes 1 2 4 8] [--max-new-tokens 64] [--rounds 2] [--out ...]
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ def real_new(seq: torch.Tensor, T: int, eos: set[int], n: int) -> list[list[int]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--drafter", default="ngram", help="'ngram' or a zoo draft model's name")
     ap.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 8])
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -76,10 +79,16 @@ def main() -> None:
     n = a.max_new_tokens
     eos = set(eos_ids(target.generation_config.eos_token_id, target))
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-    rows = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
-                                    return_dict=True)["input_ids"] for p in read_prompts(8)]
-    batched = specdec.wrap(target, drafter="ngram")
-    looped = specdec.wrap(target, drafter="ngram")
+    if tok.chat_template:
+        rows = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"] for p in read_prompts(8)]
+        source = "the same 8 prompts (chat and code editing, alternating)"
+    else:
+        rows = [tok(p).input_ids for p in specdec.zoo.prompts(8)]
+        source = "the zoo's 8 held-out prompts"
+    drafter = a.drafter if a.drafter == "ngram" else specdec.zoo.load(a.drafter)[0]
+    batched = specdec.wrap(target, drafter=drafter)
+    looped = specdec.wrap(target, drafter=drafter)
 
     def hf(ids, mask):
         return target.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=pad), None
@@ -140,13 +149,13 @@ def main() -> None:
                 print(f"round {rnd} B={B} group {g // B}: " + ", ".join(
                     f"{m} {result[B][m]['tokens'] / max(1e-9, result[B][m]['seconds']):.1f} tok/s" for m in outs),
                     flush=True)
-    lines = [f"# Batched speculative decoding: {a.target}", "",
-             f"`python benchmarks/batches.py --sizes {' '.join(map(str, a.sizes))} --max-new-tokens {n} "
-             f"--rounds {a.rounds}`", "",
-             f"float32, greedy, the same 8 prompts (chat and code editing, alternating) in groups of B, up to {n} new "
+    lines = [f"# Batched speculative decoding: {a.target}, drafter {a.drafter}", "",
+             f"`python benchmarks/batches.py --target {a.target} --drafter {a.drafter} --sizes "
+             f"{' '.join(map(str, a.sizes))} --max-new-tokens {n} --rounds {a.rounds}`", "",
+             f"float32, greedy, {source} in groups of B, up to {n} new "
              f"tokens, {a.threads} threads, {a.rounds} rounds, methods alternating within each group after a warm-up. "
-             "Total tokens/s over all groups; specdec uses the n-gram drafter (adaptive). Planned: the batch "
-             "planner's length per live row and step; drafted: what the lookup found (it may find less).", "",
+             f"Total tokens/s over all groups; specdec drafts with {a.drafter} (adaptive). Planned: the batch "
+             "planner's length per live row and step; drafted: what the drafter proposed (a lookup may find less).", "",
              "| B | HF batched tok/s | specdec batched tok/s | vs HF batched | specdec row loop tok/s | batched vs loop "
              "| planned draft length per row-step | drafted per row-step | acceptance | rows differing from their own generation |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -2,8 +2,9 @@
 
 Each row is its own sequence on the shared page pool: its own block table (holding only its real
 tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own drafter
-instance (RowDrafter.for_row: shared weights, per-row state), its own acceptance tracker and logits
-pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree
+instance (RowDrafter.for_row: shared weights, per-row state) or its rows in a drafter that drafts them
+all in one forward per draft step (BatchDrafter.for_batch: a draft model's chains), its own acceptance
+tracker and logits pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree
 (the engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet),
 then ONE packed forward (hf/batch_runner.py) runs each row's [root + draft] (tree positions and
 ancestor mask for a tree) against that row's pages only, then
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from .cache.pool import BlockTable
-from .drafters.base import Draft, DraftContext, DraftSetup, ModelBackedDrafter, RowDrafter, check_draft
+from .drafters.base import (BatchDrafter, Draft, DraftContext, DraftRows, DraftSetup, ModelBackedDrafter, RowDrafter,
+                            check_draft)
 from .engine import Engine
 from .hf.attention import specdec_attention
 from .hf.batch_runner import BatchRunner, RowForward
@@ -80,21 +82,55 @@ def planner_for(engine: Engine) -> BatchPlanner:
     return planner
 
 
+class PerRowDrafts:
+    """DraftRows over one drafter per row (RowDrafter.for_row), each drafting on its own; also trees."""
+
+    def __init__(self, drafters: list):
+        self.drafters = drafters
+
+    def begin(self, setups: list[DraftSetup]) -> None:
+        for drafter, setup in zip(self.drafters, setups):
+            drafter.begin(setup)
+
+    def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
+        return [self.drafters[i].propose(ctx, k) for i, ctx, k in requests]
+
+    def propose_tree(self, row: int, ctx: DraftContext, spec, vocab: int, device):
+        return propose_tree(self.drafters[row], ctx, spec, spec.nodes, vocab, device)
+
+    def accept(self, row: int, num_context_tokens: int) -> None:
+        self.drafters[row].accept(num_context_tokens)
+
+    def end(self) -> None:
+        for drafter in self.drafters:
+            drafter.end()
+
+
+def draft_rows(engine: Engine, pool, rows: int) -> DraftRows:
+    """The batch's drafting: chains from a BatchDrafter in one forward per draft step, else (and for
+    trees) one drafter per row."""
+    drafter = engine.drafter
+    if engine.tree is None and isinstance(drafter, BatchDrafter):
+        together = drafter.for_batch(pool)
+        if together is not None:
+            return together
+    return PerRowDrafts([drafter.for_row() for _ in range(rows)])
+
+
 class _Row:
     """A live row's state."""
 
-    def __init__(self, request: RowRequest, table: BlockTable, drafter, tracker, pipeline, context: torch.Tensor):
+    def __init__(self, index: int, request: RowRequest, table: BlockTable, tracker, pipeline, context: torch.Tensor):
+        self.index = index  # the row's number in the batch (its drafter's, in DraftRows)
         self.request = request
         self.T = request.prompt.numel()
         self.table = table
-        self.drafter = drafter
         self.tracker = tracker
         self.pipeline = pipeline
         self.context = context  # [T + max_new + 1] on the device; the committed tokens lead it
         self.tokens: list[int] = request.prompt.tolist()
         self.valid = 0  # leading positions holding the target's KV
         self.stats = SpecStats(prompt_tokens=self.T)
-        self.began = False
         self.done = False
         self.decode_t0 = 0.0
 
@@ -121,32 +157,40 @@ def _generate(engine: Engine, requests, sampling, generator):
     pool = engine._pool_for(need)
     runner = BatchRunner(target, pool)
     rows: list[_Row] = []
-    drafters = [engine.drafter.for_row() for _ in requests] if engine.drafter is not None else [None] * len(requests)
+    drafts = draft_rows(engine, pool, len(requests)) if engine.drafter is not None else None
     draft_model = engine.drafter.model if isinstance(engine.drafter, ModelBackedDrafter) else None
+    began = False
     try:
         with specdec_attention(target, draft_model):
-            for r, drafter in zip(requests, drafters):
+            for i, r in enumerate(requests):
                 prompt = r.prompt.to(dev)
                 context = torch.empty(prompt.numel() + r.limits.max_new_tokens + 1, dtype=torch.long, device=dev)
                 context[:prompt.numel()] = prompt
                 pipeline = LogitsPipeline(sampling, prompt.numel(), r.limits.min_new_tokens, r.limits.eos_token_ids,
                                           r.processors, r.post_processors)
-                rows.append(_Row(r, BlockTable(pool, dev), drafter, planner.new_row(), pipeline, context))
+                rows.append(_Row(i, r, BlockTable(pool, dev), planner.new_row(), pipeline, context))
             _prefill(engine, runner, rows, sampling, generator)
+            if drafts is not None:  # the drafter's own prefill, after every row's first token is out
+                t_draft = time.perf_counter()
+                began = True
+                drafts.begin([DraftSetup(row.table, row.context[:row.T], 0, target, runner.kv, engine.kernel)
+                              for row in rows])
+                for row in rows:
+                    row.stats.prefill_s += time.perf_counter() - t_draft
             live = [row for row in rows if not row.done]
             while live:
-                _step(engine, runner, planner, live, sampling, generator, max_pos)
+                _step(engine, runner, drafts, planner, live, sampling, generator, max_pos)
                 live = [row for row in live if not row.done]
     finally:
+        if began:
+            drafts.end()
         for row in rows:
-            if row.began:
-                row.drafter.end()
             row.table.release()
     return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
 
 
 def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator) -> None:
-    """All prompts in one forward; each row's first token; each drafter's own prefill."""
+    """All prompts in one forward; each row's first token."""
     t0 = time.perf_counter()
     logits = runner.forward([RowForward(row.table, 0, row.context[:row.T], logits_rows=1) for row in rows])
     t1 = time.perf_counter()
@@ -158,18 +202,14 @@ def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator)
         row.tokens.append(first)
         row.context[row.T] = first
         row.stats.prefill_s = row.stats.ttft_s = t1 - t0
-        if row.drafter is not None:
-            t_draft = time.perf_counter()
-            row.began = True
-            row.drafter.begin(DraftSetup(row.table, prompt, 0, engine.target, runner.kv, engine.kernel))
-            row.stats.prefill_s += time.perf_counter() - t_draft
         row.done = stops_at(row.tokens, row.T, row.request.limits, scores[:1])
         row.decode_t0 = time.perf_counter()
         if row.done:
             _finish(row)
 
 
-def _step(engine, runner: BatchRunner, planner: BatchPlanner, live: list[_Row], sampling, generator, max_pos) -> None:
+def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list[_Row], sampling, generator,
+          max_pos) -> None:
     caps = []
     for row in live:
         n = len(row.tokens)
@@ -177,35 +217,37 @@ def _step(engine, runner: BatchRunner, planner: BatchPlanner, live: list[_Row], 
         caps.append(max(0, min(cap, max_pos - n) if max_pos is not None else cap))
     ks = planner.plan([row.tracker for row in live], caps)
     t0 = time.perf_counter()
-    drafts, forwards, drafted = [], [], 0
-    for row, k in zip(live, ks):
-        N = len(row.tokens)
-        context = row.context[:N]
-        draft, toks, par = Draft.empty(engine.device), [], []
-        if k > 0 and row.drafter is not None:
-            ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=row.pipeline)
-            if engine.tree is not None:
-                spec = engine.tree.limited(k)
-                draft, toks, par, _ = propose_tree(row.drafter, ctx, spec, spec.nodes, engine.vocab_size, engine.device)
-            else:
-                draft = row.drafter.propose(ctx, k)
-                toks, par, _ = check_draft(row.drafter, draft, k, engine.vocab_size)
-        drafts.append((draft, toks, par))
-        drafted += len(toks)
-        L = N - 1
+    empty = (Draft.empty(engine.device), [], [])
+    proposed = [empty] * len(live)
+    contexts = [DraftContext(tokens=row.context[:len(row.tokens)], sampling=sampling, generator=generator,
+                             process=row.pipeline) for row in live]
+    asked = [j for j, k in enumerate(ks) if k > 0] if drafts is not None else []
+    if engine.tree is not None:
+        for j in asked:
+            draft, toks, par, _ = drafts.propose_tree(live[j].index, contexts[j], engine.tree.limited(ks[j]),
+                                                      engine.vocab_size, engine.device)
+            proposed[j] = (draft, toks, par)
+    elif asked:
+        chains = drafts.propose([(live[j].index, contexts[j], ks[j]) for j in asked])
+        for j, draft in zip(asked, chains):
+            toks, par, _ = check_draft(engine.drafter, draft, ks[j], engine.vocab_size)
+            proposed[j] = (draft, toks, par)
+    forwards = []
+    for row, ctx, (draft, toks, par) in zip(live, contexts, proposed):
+        L = ctx.tokens.numel() - 1
         positions = to_device([L] + [L + d for d in depth_list(par)], torch.long, engine.device)
-        forwards.append(RowForward(row.table, L, torch.cat([context[-1:], draft.tokens]), positions,
+        forwards.append(RowForward(row.table, L, torch.cat([ctx.tokens[-1:], draft.tokens]), positions,
                                    ancestor_mask_with_root(par, engine.device)))
     t1 = time.perf_counter()
     logits = runner.forward(forwards)
     t2 = time.perf_counter()
-    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, drafted, t1 - t0)
-    for row, (draft, toks, par), lg in zip(live, drafts, logits):
-        _commit(row, runner, draft, toks, par, lg, sampling, generator, t1 - t0, t2 - t1)
+    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, sum(len(p[1]) for p in proposed), t1 - t0)
+    for row, (draft, toks, par), lg in zip(live, proposed, logits):
+        _commit(row, runner, drafts, draft, toks, par, lg, sampling, generator, t1 - t0, t2 - t1)
 
 
-def _commit(row: _Row, runner: BatchRunner, draft: Draft, toks: list[int], par: list[int], logits: torch.Tensor,
-            sampling, generator, draft_s: float, verify_s: float) -> None:
+def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int], par: list[int],
+            logits: torch.Tensor, sampling, generator, draft_s: float, verify_s: float) -> None:
     """Verify one row's draft against its rows of the batch's logits [n + 1, V], roll back, commit."""
     N = len(row.tokens)
     L = N - 1
@@ -228,8 +270,8 @@ def _commit(row: _Row, runner: BatchRunner, draft: Draft, toks: list[int], par: 
             row.done = True
             break
     row.context[N:N + emitted] = to_device(new[:emitted], torch.long, row.context.device)
-    if row.drafter is not None:
-        row.drafter.accept(len(row.tokens))
+    if drafts is not None:
+        drafts.accept(row.index, len(row.tokens))
     row.table.truncate(row.valid)
     row.tracker.observe(n, m, result.beta)
     row.stats.record_step(n, m, depth=max(depth_list(par), default=0))

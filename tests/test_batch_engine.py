@@ -5,6 +5,8 @@ generation for batches of 1 to 8 prompts and every chain drafter; each step runs
 every live row and nothing else; sampled rows are independent (a variant whose rows share random
 draws fails the test); the planner backs off to plain batched decoding when verification costs
 grow with the tokens verified; nothing leaks when the budget is exhausted."""
+import copy
+
 import pytest
 import torch
 from scipy.stats import chi2_contingency
@@ -23,18 +25,19 @@ from test_engine_greedy import prompts
 from test_trees import TEMPERATURE, TOP_K, exact_joint, gof
 
 
+@pytest.mark.parametrize("num_rows", [3, 5], ids=["block mask", "padded rows"])
 @pytest.mark.parametrize("arch, lean", [(a, True) for a in ARCHS] + [("llama", False), ("qwen2", False)])
-def test_the_packed_forward_gives_every_row_its_own_logits(arch, lean):
+def test_the_packed_forward_gives_every_row_its_own_logits(arch, lean, num_rows):
     """Three rows of different lengths (longer than the sliding windows), then a few tokens more each:
     every row's logits equal the model's own forward over that row alone, through the lean loop (Llama,
-    Mistral, Qwen2) and through the HF modules."""
+    Mistral, Qwen2; from 4 rows attending over the rows laid out padded) and through the HF modules."""
     model = build(arch, seed=0)
     pool = PagePool(64, 4)
     runner = BatchRunner(model, pool, lean=lean)
     assert (runner.lean is not None) == (lean and arch in ("llama", "mistral", "qwen2"))
     g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(3, 60, (n,), generator=g) for n in (5, 11, 8)]
-    more = [torch.randint(3, 60, (n,), generator=g) for n in (3, 1, 4)]
+    rows = [torch.randint(3, 60, (n,), generator=g) for n in (5, 11, 8, 13, 2)[:num_rows]]
+    more = [torch.randint(3, 60, (n,), generator=g) for n in (3, 1, 4, 2, 5)[:num_rows]]
     tables = [BlockTable(pool) for _ in rows]
     with specdec_attention(model):
         first = runner.forward([RowForward(t, 0, r) for t, r in zip(tables, rows)])
@@ -46,17 +49,17 @@ def test_the_packed_forward_gives_every_row_its_own_logits(arch, lean):
         torch.testing.assert_close(b, own[r.numel():], rtol=1e-4, atol=1e-5)
 
 
-def _spy_forwards(monkeypatch) -> list[int]:
-    """Rows per packed forward, call by call."""
-    sizes = []
+def _spy_forwards(monkeypatch, model) -> tuple[list[int], list[int]]:
+    """Rows per packed forward of `model` call by call, and of any other model (a draft's)."""
+    sizes, others = [], []
     forward = BatchRunner.forward
 
     def counted(self, rows):
-        sizes.append(len(rows))
+        (sizes if self.model is model else others).append(len(rows))
         return forward(self, rows)
 
     monkeypatch.setattr(BatchRunner, "forward", counted)
-    return sizes
+    return sizes, others
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
@@ -75,12 +78,13 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
         with torch.no_grad():
             for p in draft.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-    chosen = {"ngram": "ngram", "self": target, "partial": draft if drafter == "partial" else None}[drafter]
+    chosen = {"ngram": "ngram", "self": copy.deepcopy(target),  # the same weights, another object
+              "partial": draft if drafter == "partial" else None}[drafter]
     all_rows = prompts(8, seed=21, length=(3, 16))
     for size in (1, 2, 5, 8):
         rows = all_rows[:size]
         ids, mask = left_padded(rows)
-        sizes = _spy_forwards(monkeypatch)
+        sizes, draft_sizes = _spy_forwards(monkeypatch, target)
         out = specdec.generate(target, ids, attention_mask=mask, drafter=chosen, max_new_tokens=12,
                                eos_token_id=None, return_dict_in_generate=True,
                                draft_length=3 if drafter == "self" else "adaptive", tree=tree)
@@ -95,6 +99,9 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
             assert sizes == sorted(sizes, reverse=True)  # finished rows drop out, none comes back
             if drafter == "self":
                 assert all(s.accepted_tokens == s.drafted_tokens > 0 for s in stats)
+            if drafter != "ngram" and tree is None:  # a draft model's chains: every row in each draft forward
+                assert draft_sizes and draft_sizes[0] == size  # its prefill
+                assert len(draft_sizes) < sum(s.drafted_tokens + s.target_forwards for s in stats) + 1
 
 
 def test_rows_that_stop_at_eos_drop_out_and_free_their_pages():
@@ -125,12 +132,12 @@ def _coupled(monkeypatch):
     step, commit = batch_mod._step, batch_mod._commit
     seed = {"state": None}
 
-    def step_(engine, runner, planner, live, sampling, generator, max_pos):
-        seed["state"] = generator.get_state()
-        return step(engine, runner, planner, live, sampling, generator, max_pos)
+    def step_(*args):
+        seed["state"] = args[6].get_state()  # the generator
+        return step(*args)
 
     def commit_(*args):
-        args[7].set_state(seed["state"])  # the generator
+        args[8].set_state(seed["state"])  # the generator
         return commit(*args)
 
     monkeypatch.setattr(batch_mod, "_step", step_)
@@ -197,11 +204,17 @@ def test_the_planner_drafts_where_acceptance_pays_and_backs_off_when_verificatio
     assert BatchPlanner(4, fixed=3).plan([good, poor], [2, 9]) == [2, 3]  # a constant length, capped
 
 
-def test_every_probe_step_halves_the_plan_so_the_costs_see_two_sizes():
+def test_every_probe_step_halves_the_plan_or_drafts_a_little_after_plain_steps():
     planner = BatchPlanner(max_length=4, probe_every=4)
     good = _tracker(0.9)
     plans = [planner.plan([good, good], [4, 4]) for _ in range(8)]
     assert plans[3] == [2, 2] and plans[7] == [2, 2] and plans[0] == [4, 4]
+    steep = BatchPlanner(max_length=4, probe_every=4, probe_length=2)
+    for n in (2, 6, 10):
+        for _ in range(5):
+            steep.observe(n, 0.010 * n, 0, 0.0)
+    plans = [steep.plan([_tracker(0.3)] * 2, [4, 1]) for _ in range(8)]
+    assert plans[0] == [0, 0] and plans[3] == [2, 1] and plans[4] == [0, 0]  # plain decoding still probes
 
 
 def test_what_cannot_batch_says_why_and_runs_row_by_row():

@@ -56,6 +56,12 @@ class PagedKV:
         v = self.v[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
         return k, v
 
+    def gather_rows(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots: [B, T] int64 -> k, v: [B, H, T, D] (each row its own keys)."""
+        k = self.k[layer][slots].transpose(1, 2)
+        v = self.v[layer][slots].transpose(1, 2)
+        return k, v
+
     def pages_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v as [num_pages, page_size, H, D] (no copy), for kernels."""
         ps = self.pool.page_size

@@ -7,8 +7,8 @@
 - CrossTokenizerDrafter: a draft model with its own tokenizer (token-level intersection or text).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
-from .base import (CheckedDrafter, Draft, DraftContext, Drafter, DraftSetup, FeatureDrafter, ModelBackedDrafter,
-                   RowDrafter, TreeDrafter)
+from .base import (BatchDrafter, CheckedDrafter, Draft, DraftContext, Drafter, DraftRows, DraftSetup, FeatureDrafter,
+                   ModelBackedDrafter, RowDrafter, TreeDrafter)
 from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
@@ -17,4 +17,4 @@ from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
            "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter",
-           "CheckedDrafter", "ModelBackedDrafter", "RowDrafter"]
+           "CheckedDrafter", "ModelBackedDrafter", "RowDrafter", "BatchDrafter", "DraftRows"]

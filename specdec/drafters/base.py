@@ -192,6 +192,34 @@ class RowDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class DraftRows(Protocol):
+    """Drafting chains for the rows of a batch together (specdec/batch.py); rows are numbered as the
+    batch's requests.
+
+    begin(setups): one DraftSetup per row, after the target's prefill (the drafter's own prefill)
+    propose(requests): [(row, DraftContext, budget)] -> one chain Draft per request, in that order
+    accept(row, num_context_tokens): that row's committed context now has this many tokens
+    end(): the batch is over (also on exceptions)
+    """
+
+    def begin(self, setups: list) -> None: ...
+
+    def propose(self, requests: list) -> list: ...
+
+    def accept(self, row: int, num_context_tokens: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+@runtime_checkable
+class BatchDrafter(Drafter, Protocol):
+    """A drafter that drafts every row of a batch in one forward per draft step: for_batch(pool) gives
+    its DraftRows over the batch's page pool (None when this configuration cannot)."""
+
+    def for_batch(self, pool) -> "DraftRows | None": ...
+
+
+@runtime_checkable
 class FeatureDrafter(Drafter, Protocol):
     """A drafter that reads the target's own features (a feature head, drafters/feature_head.py).
 

@@ -63,6 +63,9 @@ class EarlyExit(ModelDrafter):
         """Not in batches yet: a shared-KV exit reads the target runner's length, which a batch keeps per row."""
         return None
 
+    def for_batch(self, pool) -> None:
+        return None
+
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         if not self.share_kv:
             return super().propose(ctx, budget)

@@ -80,6 +80,11 @@ class ModelDrafter:
     def for_row(self) -> "ModelDrafter | None":
         return ModelDrafter(self.model, self.lean)
 
+    def for_batch(self, pool):
+        from .model_rows import ModelRows
+
+        return ModelRows(self.model, pool, self.lean)
+
     def begin(self, setup: DraftSetup) -> None:
         """Bind our pages to the sequence and prefill the prompt [T] (so drafting never pays for it)."""
         table, prompt = setup.table, setup.prompt

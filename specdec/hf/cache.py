@@ -16,6 +16,37 @@ from ..cache.paged import PagedKV
 
 
 @dataclass
+class RowLayout:
+    """A packed batch's rows laid out padded, for one batched attention call (hf/lean.py): B rows, each
+    at most n_max new tokens and T_max keys.
+
+    q_index [B * n_max] int64: the packed token behind each padded query (pads repeat a row's first);
+    out_index [sum n] int64: the padded query behind each packed token (b * n_max + j);
+    k_slots [B, T_max] int64: each row's read slots (pads: slot 0, masked); k_pos [B, T_max] positions;
+    q_pos [B, n_max]; mask [B, n_max, T_max] bool (pad queries see their row's first key: no empty row)."""
+
+    q_index: torch.Tensor
+    out_index: torch.Tensor
+    k_slots: torch.Tensor
+    k_pos: torch.Tensor
+    q_pos: torch.Tensor
+    mask: torch.Tensor
+    _masks: dict = field(default_factory=dict)
+
+    def mask_for(self, sliding_window: int | None) -> torch.Tensor:
+        """[B, 1, n_max, T_max] bool, the window applied; built once per forward per window size."""
+        key = sliding_window or 0
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self.mask
+            if sliding_window:
+                mask = mask & (self.q_pos[:, :, None] - self.k_pos[:, None, :] < sliding_window)
+                mask[:, :, 0] |= ~mask.any(-1)  # a pad query keeps one key
+            mask = self._masks[key] = mask[:, None]
+        return mask
+
+
+@dataclass
 class StepMeta:
     """One forward's addressing. n new tokens written after `prefix_len` positions.
 
@@ -28,7 +59,8 @@ class StepMeta:
 
     A packed batch (hf/batch_runner.py) gives the whole mask instead: full_mask [n, T] bool over every
     row's read slots, with read_pos [T] the position of each key (for sliding windows); prefix_len and
-    tree_mask are then unused by the mask.
+    tree_mask are then unused by the mask. `rows` lays the same batch out padded, for a loop that runs
+    attention row by row in one call (hf/lean.py) instead of over the block-diagonal mask.
     """
 
     prefix_len: int
@@ -41,6 +73,7 @@ class StepMeta:
     block_pos: torch.Tensor | None = None
     full_mask: torch.Tensor | None = None
     read_pos: torch.Tensor | None = None
+    rows: RowLayout | None = None
     calls: int = 0
     _masks: dict = field(default_factory=dict)
 

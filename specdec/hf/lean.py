@@ -147,7 +147,8 @@ class LeanRunner(ModelRunner):
         cos, sin = self._rope(meta.q_pos, x.dtype, need)
         cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
-        write, read = meta.write_slots, meta.read_slots
+        write, read, rows = meta.write_slots, meta.read_slots, meta.rows
+        B = rows.k_slots.shape[0] if rows is not None else 1
         want, top = set(self.capture), len(self.layers)
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
@@ -156,11 +157,18 @@ class LeanRunner(ModelRunner):
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             self.kv.write(i, write, k, v)
-            keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
-            # the same mask the HF path passes (bit-identical attention needs it)
-            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.mask_for(L.sliding_window),
-                                                 scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
-            x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
+            if rows is not None:  # a packed batch: every row against its own keys, in one call
+                keys, vals = self.kv.gather_rows(i, rows.k_slots)  # [B, Hkv, T_max, D]
+                qb = q[0].transpose(0, 1)[rows.q_index].view(B, -1, Hq, D).transpose(1, 2)  # [B, Hq, n_max, D]
+                att = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=rows.mask_for(L.sliding_window),
+                                                     scale=L.scaling, enable_gqa=Hq != Hkv)
+                x = x + L.o(att.transpose(1, 2).reshape(-1, Hq * D)[rows.out_index])
+            else:
+                keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
+                # the same mask the HF path passes (bit-identical attention needs it)
+                att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=meta.mask_for(L.sliding_window),
+                                                     scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
+                x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             h = rms_norm(L.ln2, x)
             x = x + L.down(L.act(L.gate(h)) * L.up(h))
             if i + 1 in want and i + 1 < top:

@@ -25,12 +25,13 @@ class BatchPlanner:
     """max_length: the longest draft for any row; fixed: every row drafts exactly this many (a constant
     draft_length), the trackers and costs still record what happened."""
 
-    def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8):
+    def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8, probe_length: int = 2):
         if max_length < 0 or (fixed is not None and fixed < 0):
             raise ValueError(f"draft lengths must be >= 0, got max_length={max_length}, fixed={fixed}")
         self.max_length = int(max_length)
         self.fixed = fixed
         self.probe_every = probe_every
+        self.probe_length = min(probe_length, self.max_length)
         self.costs = CostModel()
         self.history: list[list[int]] = []  # the lengths planned, step by step (for reports)
 
@@ -44,7 +45,8 @@ class BatchPlanner:
         else:
             ks = self._greedy(trackers, [min(self.max_length, cap) for cap in caps])
             if self.probe_every and len(self.history) % self.probe_every == self.probe_every - 1:
-                ks = [k // 2 for k in ks]
+                # a plan that drafts is halved; plain decoding drafts a little, or it would never learn again
+                ks = [k // 2 for k in ks] if any(ks) else [min(self.probe_length, cap) for cap in caps]
         self.history.append(ks)
         return ks
 

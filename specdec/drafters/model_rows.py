@@ -1,0 +1,75 @@
+"""A draft model drafting chains for every row of a batch: one packed forward per draft step.
+
+ModelDrafter's per-sequence loop, batched: the draft's KV for every row lives in one set of page tensors
+on the rows' own block tables (hf/batch_runner.py), each row with its own valid length. A proposal is a
+catch-up forward (each drafting row runs the tokens it has not seen yet: at least the root) and then
+one forward per further draft position over the rows still drafting; rows with shorter budgets drop
+out. Each row's logits are processed with its own pipeline and prefix, and the step's picks of all rows
+are read in one transfer. As in ModelDrafter the last drafted token is not run: the next catch-up does.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..hf.batch_runner import BatchRunner, RowForward
+from ..verifiers.sampling import probs_from_scores, sample
+from .base import Draft, DraftContext, DraftSetup
+
+
+class ModelRows:
+    """DraftRows for a HF causal LM `model` over the batch's page pool."""
+
+    def __init__(self, model, pool, lean: bool = True):
+        self.runner = BatchRunner(model, pool, lean=lean, exact=False)
+        self.tables: list = []
+        self.valid: list[int] = []
+
+    def begin(self, setups: list[DraftSetup]) -> None:
+        self.tables = [s.table for s in setups]
+        self.valid = [0] * len(setups)
+        prompts = [(i, s.prompt) for i, s in enumerate(setups) if s.prompt is not None and s.prompt.numel()]
+        self.runner.forward([RowForward(self.tables[i], 0, p, logits_rows=1) for i, p in prompts])
+        for i, p in prompts:
+            self.valid[i] = p.numel()
+
+    def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
+        live = [(i, ctx, k) for i, ctx, k in requests if k > 0]
+        out: dict[int, list[int]] = {i: [] for i, _, _ in requests}
+        qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
+        forwards = [RowForward(self.tables[i], self.valid[i], ctx.tokens[self.valid[i]:], logits_rows=1)
+                    for i, ctx, _ in live]
+        for i, ctx, _ in live:
+            self.valid[i] = ctx.tokens.numel()
+        while live:
+            logits = self.runner.forward(forwards)
+            picks = []
+            for (i, ctx, _), lg in zip(live, logits):
+                scores = ctx.process(lg, ctx.tokens, [out[i]])
+                if ctx.sampling.do_sample:
+                    q = probs_from_scores(scores)
+                    qs[i].append(q[0])
+                    picks.append(sample(q, ctx.generator)[0])
+                else:
+                    picks.append(scores[0].argmax())
+            tokens = torch.stack(picks).tolist()  # the draft step's one read, every row's pick
+            forwards, still = [], []
+            for (i, ctx, k), x in zip(live, tokens):
+                out[i].append(int(x))
+                if len(out[i]) < k:
+                    forwards.append(RowForward(self.tables[i], self.valid[i],
+                                               torch.tensor([int(x)], dtype=torch.long, device=ctx.tokens.device),
+                                               logits_rows=1))
+                    self.valid[i] += 1
+                    still.append((i, ctx, k))
+            live = still
+        drafts = []
+        for i, ctx, _ in requests:
+            q = torch.stack(qs[i]) if qs[i] else None
+            drafts.append(Draft.from_lists(out[i], None, ctx.tokens.device, q))
+        return drafts
+
+    def accept(self, row: int, num_context_tokens: int) -> None:
+        self.valid[row] = min(self.valid[row], num_context_tokens - 1)
+
+    def end(self) -> None:
+        self.tables, self.valid = [], []
