@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 import specdec  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.generation_config import eos_ids  # noqa: E402
+from specdec.rows import left_pad  # noqa: E402
 
 
 def read_prompts(n: int) -> list[str]:
@@ -43,16 +44,6 @@ def read_prompts(n: int) -> list[str]:
     for a, b in zip(read("chat.jsonl"), read("code_edit.jsonl")):
         out += [a, b]
     return out[:n]
-
-
-def padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(len(r) for r in rows)
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, T - len(r):] = torch.tensor(r)
-        mask[i, T - len(r):] = 1
-    return ids, mask
 
 
 def real_new(seq: torch.Tensor, T: int, eos: set[int], n: int) -> list[list[int]]:
@@ -120,14 +111,14 @@ def main() -> None:
         return torch.cat([ids, new], 1), stats
 
     methods = {"HF batched": hf, "specdec batched": spec_batch, "specdec row loop": spec_loop}
-    warm_ids, warm_mask = padded([r[:16] for r in rows[:2]], pad)
+    warm_ids, warm_mask = left_pad([r[:16] for r in rows[:2]], pad)
     for run in methods.values():
         run(warm_ids, warm_mask)
     result = {B: {m: {"tokens": 0, "seconds": 0.0, "stats": [], "differs": 0} for m in methods} for B in a.sizes}
     for rnd in range(a.rounds):
         for B in a.sizes:
             for g in range(0, 8, B):
-                ids, mask = padded(rows[g:g + B], pad)
+                ids, mask = left_pad(rows[g:g + B], pad)
                 T = ids.shape[1]
                 order = list(methods) if (rnd + g // B) % 2 == 0 else list(reversed(methods))
                 outs = {}

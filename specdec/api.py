@@ -212,10 +212,13 @@ def __getattr__(name):  # GenerateOutput subclasses HF's output type: imported o
 
 def _output(seq, stats, record):
     from .output import GenerateOutput
+    from .stats import SpecStats
 
     record = record or {}
     tup = {k: tuple(v) for k, v in record.items()}
-    return GenerateOutput(sequences=seq, scores=tup.get("scores"), logits=tup.get("logits"), stats=stats)
+    batch = SpecStats.combine(stats) if isinstance(stats, list) else None
+    return GenerateOutput(sequences=seq, scores=tup.get("scores"), logits=tup.get("logits"), stats=stats,
+                          batch_stats=batch)
 
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,

@@ -19,6 +19,8 @@ class GenerateOutput(GenerateDecoderOnlyOutput):
     sequences: [1, T + N] int64 (prompt + new tokens); scores / logits (output_scores / output_logits):
     N tensors [1, V] float32, per emitted token the processed scores and the raw logits of the row that
     produced it, as HF's greedy / sample loop returns them; stats: what the run measured (a list, one per
-    sequence, with num_return_sequences > 1)."""
+    sequence, for a batch or num_return_sequences > 1); batch_stats: then the whole batch's
+    (SpecStats.combine: its throughput, its pooled acceptance)."""
 
     stats: SpecStats | None = None
+    batch_stats: SpecStats | None = None

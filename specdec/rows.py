@@ -16,6 +16,17 @@ from __future__ import annotations
 import torch
 
 
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (input_ids [B, T], attention_mask [B, T]), left-padded with pad_id (HF's convention)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
 def split_rows(input_ids: torch.Tensor, attention_mask) -> list[torch.Tensor]:
     """input_ids [B, T], attention_mask [B, T] or None -> each row's real tokens [T_i] (left padding only)."""
     if attention_mask is None:

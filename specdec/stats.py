@@ -75,6 +75,26 @@ class SpecStats:
             self.tested_by_position[j] += 1
             self.accepted_by_position[j] += j < accepted
 
+    @classmethod
+    def combine(cls, rows: list["SpecStats"]) -> "SpecStats":
+        """A batch's stats from its rows' (generated together, batch.py): tokens, drafts and acceptance by
+        position summed; the times (prefill, TTFT, decode, total) the batch's wall clock, the longest row's;
+        target_forwards the batch's forwards (the longest row's). tokens_per_s is then the batch's
+        throughput and acceptance_rate / alpha pool every row's drafts."""
+        out = cls()
+        for r in rows:
+            for name in ("prompt_tokens", "reused_prompt_tokens", "new_tokens", "drafted_tokens", "accepted_tokens",
+                         "draft_s"):
+                setattr(out, name, getattr(out, name) + getattr(r, name))
+            for name in ("prefill_s", "ttft_s", "decode_s", "total_s", "target_forwards", "verify_s"):
+                setattr(out, name, max(getattr(out, name), getattr(r, name)))
+            for mine, theirs in ((out.tested_by_position, r.tested_by_position),
+                                 (out.accepted_by_position, r.accepted_by_position)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for j, v in enumerate(theirs):
+                    mine[j] += v
+        return out
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in ("tpot_s", "tokens_per_s", "acceptance_rate", "alpha", "mean_accepted_length",

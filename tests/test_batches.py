@@ -127,3 +127,12 @@ def test_sampled_rows_follow_the_target(acceptance, lossless):
             counts[i][key] = counts[i].get(key, 0) + 1
     p = [gof(exact[i], counts[i], n) for i in range(2)]
     assert min(p) > 1e-3 if lossless else min(p) < 1e-6, p
+
+
+def test_left_pad_is_the_inverse_of_split_rows():
+    from specdec.rows import left_pad, split_rows
+
+    rows = [[5, 6, 7], [8], [9, 10]]
+    ids, mask = left_pad(rows, pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 9, 10]] and mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
+    assert [r.tolist() for r in split_rows(ids, mask)] == rows

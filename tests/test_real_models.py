@@ -14,6 +14,7 @@ import torch
 import specdec
 from specdec.chat import ChatSession
 from specdec.drafters import EarlyExit
+from specdec.rows import left_pad
 from specdec.zoo import real
 
 pytestmark = pytest.mark.real
@@ -72,25 +73,22 @@ def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, reque
 
 
 def test_a_padded_smollm2_batch_gives_every_row_its_own_greedy_output(smollm2):
-    """Four chat turns of different lengths, left-padded, through the batched engine (n-gram, a self draft
-    drafting all rows per forward, a static tree): each row equals the model's own unpadded greedy output."""
+    """Three chat turns of different lengths, left-padded, through the batched engine (a self draft drafting
+    all rows per forward, an n-gram static tree): each row equals the model's own unpadded greedy output."""
     model, tok = smollm2
     asks = ["What is a lighthouse?", "Name three colours of the sea and say why each appears.",
-            "Write one sentence about storms.", "Why do lighthouses have lenses? Answer briefly, in two lines."]
+            "Why do lighthouses have lenses? Answer briefly, in two lines."]
     rows = [tok.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True, tokenize=True,
                                     return_dict=True)["input_ids"] for a in asks]
-    T, pad = max(len(r) for r in rows), tok.pad_token_id or 0
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = torch.tensor(r), 1
-    own = [model.generate(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.long), max_new_tokens=24,
+    pad = tok.pad_token_id or 0
+    ids, mask = left_pad(rows, pad)
+    T = ids.shape[1]
+    own = [model.generate(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.long), max_new_tokens=16,
                           do_sample=False)[0, len(r):] for r in rows]
-    for options in (dict(drafter="ngram"), dict(drafter=model, draft_length=3),
-                    dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1]))):
-        out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=24, pad_token_id=pad,
+    for options in (dict(drafter=model, draft_length=3), dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1]))):
+        out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=16, pad_token_id=pad,
                                return_dict_in_generate=True, **options)
-        assert isinstance(out.stats, list) and len(out.stats) == 4
+        assert isinstance(out.stats, list) and len(out.stats) == 3
         for i, want in enumerate(own):
             assert torch.equal(out.sequences[i, T:T + want.numel()], want), (options, i)
 

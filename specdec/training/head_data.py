@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from ..hf.features import FeatureCapture
 from ..zoo.corpus import read_texts
+from ..rows import left_pad
 from . import prompts as prompt_set
 
 
@@ -50,12 +51,8 @@ def answer(target, tok, prompt_ids: list[list[int]], max_new_tokens: int) -> lis
     eos = target.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
     pad = tok.pad_token_id if tok.pad_token_id is not None else (min(eos) if eos else 0)
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    ids, mask = left_pad(prompt_ids, pad)
+    width = ids.shape[1]
     out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                           pad_token_id=pad, top_p=None, top_k=None, temperature=None)
     answers = []
