@@ -1,17 +1,18 @@
 """Speculative decoding for a batch of sequences: one target forward per step verifies every live row.
 
 Each row is its own sequence on the shared page pool: its own block table (holding only its real
-tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own drafter
-instance (RowDrafter.for_row: shared weights, per-row state) or its rows in a drafter that drafts them
-all in one forward per draft step (BatchDrafter.for_batch: a draft model's chains), its own acceptance
-tracker and logits pipeline. A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree
-(the engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet),
-then ONE packed forward (hf/batch_runner.py) runs each row's [root + draft] (tree positions and
-ancestor mask for a tree) against that row's pages only, then
-each row is verified, rolled back and committed on its own exactly as the single-sequence engine does
-(engine.py), so every row's output is its own generation token for token (greedy) or a sample of its
-own distribution (sampling). A row that ends (EOS, length, a stopping criterion) gives its pages back
-and drops out of the next step's forward.
+tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own
+acceptance tracker and logits pipeline, and its own drafter instance (RowDrafter.for_row: shared
+weights, per-row state), or its place in a drafter that drafts every row in one forward per draft step
+(BatchDrafter.for_batch: a draft model's chains).
+
+A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the
+engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet); ONE
+packed forward (hf/batch_runner.py) runs each row's [root + draft] (tree positions and ancestor mask for
+a tree) against that row's pages only; each row is verified, rolled back and committed on its own
+exactly as the single-sequence engine does (engine.py), so every row's output is its own generation
+token for token (greedy) or a sample of its own distribution (sampling). A row that ends (EOS, length, a
+stopping criterion) gives its pages back and drops out of the next step's forward.
 
 Typical acceptance, self-speculative drafts, feature heads and cross-tokenizer drafts run the rows one
 after another through the single-sequence engine (api.py decides; `batchable` says why not).

@@ -117,7 +117,7 @@ def test_sampled_rows_follow_the_target(acceptance, lossless):
     exact = [exact_joint(target, p) for p in prompts_]
     ids, mask = torch.tensor([[0, 1, 2], [0, 3, 1]]), torch.tensor([[1, 1, 1], [0, 1, 1]])
     model = specdec.wrap(target, drafter=draft, draft_length=2, acceptance=acceptance)
-    counts, n = [{}, {}], 800
+    counts, n = [{}, {}], 600
     torch.manual_seed(4321)
     for _ in range(n):
         out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=True, temperature=TEMPERATURE,

@@ -18,7 +18,7 @@ from specdec.rows import left_pad
 from specdec.zoo import real
 
 pytestmark = pytest.mark.real
-NEW = 40
+NEW = 32
 
 
 def _load_or_skip(name):
