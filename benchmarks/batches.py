@@ -19,7 +19,6 @@ batch may differ from them where left padding changes a row's float rounding, co
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,20 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import specdec  # noqa: E402
+from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.generation_config import eos_ids  # noqa: E402
 from specdec.rows import left_pad  # noqa: E402
-
-
-def read_prompts(n: int) -> list[str]:
-    def read(name):
-        path = ROOT / "benchmarks/prompts" / name
-        return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-
-    out = []
-    for a, b in zip(read("chat.jsonl"), read("code_edit.jsonl")):
-        out += [a, b]
-    return out[:n]
 
 
 def real_new(seq: torch.Tensor, T: int, eos: set[int], n: int) -> list[list[int]]:
@@ -71,12 +60,13 @@ def main() -> None:
     eos = set(eos_ids(target.generation_config.eos_token_id, target))
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     if tok.chat_template:
-        rows = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"] for p in read_prompts(8)]
+        files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("chat.jsonl", "code_edit.jsonl"))
+        prompts = load_prompts(tok, files, 4, chat=True, alternate=True)
         source = "the same 8 prompts (chat and code editing, alternating)"
     else:
-        rows = [tok(p).input_ids for p in specdec.zoo.prompts(8)]
+        prompts = load_prompts(tok, None, 8)
         source = "the zoo's 8 held-out prompts"
+    rows = [p[0].tolist() for p in prompts]
     drafter = a.drafter if a.drafter == "ngram" else specdec.zoo.load(a.drafter)[0]
     batched = specdec.wrap(target, drafter=drafter)
     looped = specdec.wrap(target, drafter=drafter)

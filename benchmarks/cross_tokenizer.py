@@ -14,7 +14,6 @@ separately.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -26,19 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import specdec  # noqa: E402
+from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.files import write_text  # noqa: E402
-
-
-def code_prompts(n: int) -> list[str]:
-    """Code-writing (prompts/code_write.jsonl) and code-editing (prompts/code_edit.jsonl) requests, alternating."""
-    def read(name):
-        path = ROOT / "benchmarks/prompts" / name
-        return [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-
-    out = []
-    for a, b in zip(read("code_write.jsonl"), read("code_edit.jsonl")):
-        out += [a, b]
-    return out[:n]
 
 
 def main() -> None:
@@ -55,11 +43,8 @@ def main() -> None:
     target, tok = specdec.zoo.load(a.target)
     draft, dtok = specdec.zoo.load(a.draft)
     n = a.max_new_tokens
-    prompts = []
-    for p in code_prompts(a.num_prompts):
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
-                                      return_dict=True)["input_ids"]
-        prompts.append(torch.tensor([ids]))
+    files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("code_write.jsonl", "code_edit.jsonl"))
+    prompts = load_prompts(tok, files, -(-a.num_prompts // 2), chat=True, alternate=True)[:a.num_prompts]
 
     def hf(extra=None, k=None):
         def run(ids):

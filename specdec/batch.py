@@ -35,9 +35,9 @@ from .policy.batch import BatchPlanner
 from .policy.simple import ConstantPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
-from .step import Limits, compact_path, pick_token, propose_tree, stops_at, verify
+from .step import Limits, compact_path, emitting_rows, node_paths, pick_token, propose_tree, stops_at, verify
 from .transfer import to_device
-from .tree import ancestor_mask_with_root, depth_list, is_chain, path_to
+from .tree import ancestor_mask_with_root, depth_list, is_chain
 from .verifiers.sampling import SamplingParams
 
 
@@ -129,8 +129,7 @@ class _Row:
         self.tracker = tracker
         self.pipeline = pipeline
         self.context = context  # [T + max_new + 1] on the device; the committed tokens lead it
-        self.tokens: list[int] = request.prompt.tolist()
-        self.valid = 0  # leading positions holding the target's KV
+        self.tokens: list[int] = request.prompt.tolist()  # committed; the target holds KV for all but the last
         self.stats = SpecStats(prompt_tokens=self.T)
         self.done = False
         self.decode_t0 = 0.0
@@ -176,8 +175,9 @@ def _generate(engine: Engine, requests, sampling, generator):
                 began = True
                 drafts.begin([DraftSetup(row.table, row.context[:row.T], 0, target, runner.kv, engine.kernel)
                               for row in rows])
+                t_draft = time.perf_counter() - t_draft
                 for row in rows:
-                    row.stats.prefill_s += time.perf_counter() - t_draft
+                    row.stats.prefill_s += t_draft
             live = [row for row in rows if not row.done]
             while live:
                 _step(engine, runner, drafts, planner, live, sampling, generator, max_pos)
@@ -196,9 +196,7 @@ def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator)
     logits = runner.forward([RowForward(row.table, 0, row.context[:row.T], logits_rows=1) for row in rows])
     t1 = time.perf_counter()
     for row, lg in zip(rows, logits):
-        prompt = row.context[:row.T]
-        row.valid = row.T
-        scores = row.pipeline(lg, prompt, [[]])
+        scores = row.pipeline(lg, row.context[:row.T], [[]])
         first = pick_token(scores, sampling, generator)
         row.tokens.append(first)
         row.context[row.T] = first
@@ -255,16 +253,13 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
     context = row.context[:N]
     n = len(toks)
     chain = is_chain(par)
-    paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else [[toks[j] for j in path_to(par, i)] for i in range(n)])
-    scores = row.pipeline(logits, context, paths)
+    scores = row.pipeline(logits, context, node_paths(toks, par, chain))
     result = verify(draft, scores, sampling, generator, chain)
     m = len(result.path)
-    if not chain and m and result.path != list(range(m)):
-        compact_path(runner.kv, row.table, L, result.path, kernel=False)
+    compact_path(runner.kv, row.table, L, result.path, kernel=False)
     new = [toks[i] for i in result.path] + [result.next_token]
-    row.valid = L + 1 + m
     emitted = 0
-    for tok, i in zip(new, [0] + [p + 1 for p in result.path]):  # i: the scores row that predicted tok
+    for tok, i in zip(new, emitting_rows(result.path)):  # i: the scores row that predicted tok
         row.tokens.append(tok)
         emitted += 1
         if stops_at(row.tokens, row.T, row.request.limits, scores[i][None]):
@@ -273,7 +268,7 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
     row.context[N:N + emitted] = to_device(new[:emitted], torch.long, row.context.device)
     if drafts is not None:
         drafts.accept(row.index, len(row.tokens))
-    row.table.truncate(row.valid)
+    row.table.truncate(L + 1 + m)  # the target's KV: the context before this step's root, root and path
     row.tracker.observe(n, m, result.beta)
     row.stats.record_step(n, m, depth=max(depth_list(par), default=0))
     row.stats.draft_s += draft_s

@@ -32,9 +32,9 @@ from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
-from .step import Limits, compact_path, pick_token, propose_tree, stops_at, verify
+from .step import Limits, compact_path, emitting_rows, node_paths, pick_token, propose_tree, stops_at, verify
 from .transfer import to_device
-from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain, path_to
+from .tree import TreeSpec, ancestor_mask_with_root, depth_list, is_chain
 from .verifiers.sampling import SamplingParams
 
 
@@ -282,22 +282,19 @@ class Engine:
         logits = target.forward(verify_tokens, positions, ancestor_mask_with_root(par, self.device), hidden=hidden,
                                 start_layer=draft.from_layer if hidden is not None else 0)
         # one row per node: its prefix is the context plus the draft tokens on its path
-        paths = [[]] + ([toks[:i + 1] for i in range(n)] if chain else
-                        [[toks[j] for j in path_to(par, i)] for i in range(n)])
-        scores = pipeline(logits, context, paths)
+        scores = pipeline(logits, context, node_paths(toks, par, chain))
         result = verify(draft, scores, sampling, generator, chain, self.acceptance)
         t2 = time.perf_counter()
         m = len(result.path)
-        if not chain and m and result.path != list(range(m)):
-            compact_path(target.kv, table, L, result.path, self.kernel)  # drafters keep no tree KV: theirs is scratch
+        compact_path(target.kv, table, L, result.path, self.kernel)  # drafters keep no tree KV: theirs is scratch
         new = [toks[i] for i in result.path] + [result.next_token]
         target.rollback(L + 1 + m)
+        rows = emitting_rows(result.path)  # the scores row that predicted each new token
         if self.features is not None:  # the root's and the accepted nodes' features: positions L .. L + m
-            self.features.write(L, target.last_features[[0] + [i + 1 for i in result.path]])
+            self.features.write(L, target.last_features[rows])
         # commit token by token so EOS / stopping criteria end generation exactly where HF would
         done = False
         emitted = 0
-        rows = [0] + [i + 1 for i in result.path]  # the scores row that predicted each new token
         for tok, row in zip(new, rows):
             tokens.append(tok)
             emitted += 1

@@ -9,7 +9,7 @@ import torch
 
 from .drafters.base import Draft, DraftContext, HostCopy, check_draft
 from .transfer import to_device
-from .tree import TreeSpec, depth_list, subtree_parents
+from .tree import TreeSpec, depth_list, path_to, subtree_parents
 from .verifiers import greedy_chain, greedy_tree, sample_chain, sample_tree
 from .verifiers.sampling import SamplingParams, probs_from_scores, sample
 
@@ -41,8 +41,24 @@ def stops_at(tokens: list[int], T: int, limits: Limits, scores) -> bool:
     return False
 
 
+def node_paths(toks: list[int], par: list[int], chain: bool) -> list[list[int]]:
+    """Per verification row (the root's, then each node's) the draft tokens on its path: the prefix that
+    row's logits processors see after the committed context."""
+    if chain:
+        return [[]] + [toks[:i + 1] for i in range(len(toks))]
+    return [[]] + [[toks[j] for j in path_to(par, i)] for i in range(len(toks))]
+
+
+def emitting_rows(path: list[int]) -> list[int]:
+    """The verification row that predicted each emitted token: the root's, then each accepted node's."""
+    return [0] + [i + 1 for i in path]
+
+
 def compact_path(kv, table, L: int, path: list[int], kernel: bool) -> None:
-    """Move the accepted path's KV (tree slots L+1+path) to L+1..L+m, in every layer of `kv`."""
+    """Move the accepted path's KV (tree slots L+1+path) to L+1..L+m, in every layer of `kv`; nothing to
+    do when the path already sits there (a chain's always does)."""
+    if path == list(range(len(path))):
+        return
     device = table.device
     path_t = to_device(path, torch.long, device)
     if kernel:  # the Triton kernel, addressed through the block table like the attention kernel

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from specdec.cli import main
 
@@ -84,3 +85,18 @@ def test_select_draft_ranks_drafters_that_are_not_models(tmp_path):
           "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])
     report = json.loads((tmp_path / "report.json").read_text())
     assert sorted(report["ranking"]) == ["early-exit:3", "ngram"] and not report["skipped"]
+
+
+def test_load_prompts_reads_files_in_order_or_in_turn(tmp_path):
+    from specdec.cli.bench import load_prompts
+
+    class Chars:  # a tokenizer stand-in: one id per character
+        def __call__(self, text, return_tensors=None):
+            return type("Enc", (), {"input_ids": torch.tensor([[ord(c) for c in text]])})()
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("a1", "a2", "a3")))
+    b.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("b1", "b2")))
+    text = lambda ps: ["".join(map(chr, p[0].tolist())) for p in ps]  # noqa: E731
+    assert text(load_prompts(Chars(), f"{a},{b}", 2)) == ["a1", "a2", "b1", "b2"]
+    assert text(load_prompts(Chars(), f"{a},{b}", 3, alternate=True)) == ["a1", "b1", "a2", "b2"]

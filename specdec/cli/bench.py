@@ -309,14 +309,22 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def load_prompts(tok, path: str | None, n: int, chat: bool = False) -> list[torch.Tensor]:
-    """[1, T] int64 per prompt: the first n of each comma-separated JSONL file. chat: each prompt is a user
-    message rendered by the tokenizer's chat template (ValueError where it has none)."""
+def load_prompts(tok, path: str | None, n: int, chat: bool = False, alternate: bool = False) -> list[torch.Tensor]:
+    """[1, T] int64 per prompt: the first n of each comma-separated JSONL file (no path: the zoo's first n
+    held-out prompts), file after file, or with alternate=True in turn (each file's first, then each
+    file's second, ..., as far as the shortest file goes). chat: each prompt is a user message rendered by
+    the tokenizer's chat template (ValueError where it has none)."""
     from .. import zoo
 
     paths = path.split(",") if path else []
-    texts = [t for p in paths for t in [json.loads(line)["prompt"] for line in Path(p).read_text().splitlines()
-                                        if line.strip()][:n]] if paths else zoo.prompts(n)
+    per_file = [[json.loads(line)["prompt"] for line in Path(p).read_text().splitlines() if line.strip()][:n]
+                for p in paths]
+    if not paths:
+        texts = zoo.prompts(n)
+    elif alternate:
+        texts = [t for turn in zip(*per_file) for t in turn]
+    else:
+        texts = [t for prompts in per_file for t in prompts]
     if not texts:
         raise ValueError(f"no prompts found in {path}: expected JSON lines with a 'prompt' field")
     if not chat:

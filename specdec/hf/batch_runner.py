@@ -84,14 +84,16 @@ class BatchRunner:
             r = n if row.logits_rows is None else row.logits_rows
             keep.extend(range(offset + n - r, offset + n))
             offset += n
+        # the lean loop attends row by row in one call from PADDED_FROM rows (B x less work than the block
+        # mask, which it then never reads); otherwise every row's block goes on the diagonal of one mask
+        padded = self.lean is not None and len(rows) >= PADDED_FROM
         meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
                         tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=torch.cat(q_pos),
-                        full_mask=torch.block_diag(*blocks), read_pos=torch.cat(k_pos))
+                        full_mask=None if padded else torch.block_diag(*blocks), read_pos=torch.cat(k_pos),
+                        rows=_layout(reads, q_pos, k_pos, blocks, dev) if padded else None)
         tokens, keep = torch.cat([row.tokens.to(dev) for row in rows]), to_device(keep, torch.long, dev)
         sizes = [row.tokens.numel() if row.logits_rows is None else row.logits_rows for row in rows]
         if self.lean is not None:
-            if len(rows) >= PADDED_FROM:  # attention row by row in one call: B x less work than the block mask
-                meta.rows = _layout(reads, q_pos, k_pos, blocks, dev)
             need = max(row.start + row.tokens.numel() for row in rows) + 1
             return list(self.lean.run_meta(self.lean.embed(tokens), meta, need, keep).split(sizes))
         self.cache.meta = meta
