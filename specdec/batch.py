@@ -4,7 +4,8 @@ Each row is its own sequence on the shared page pool: its own block table (holdi
 tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own
 acceptance tracker and logits pipeline, and its own drafter instance (RowDrafter.for_row: shared
 weights, per-row state), or its place in a drafter that drafts every row in one forward per draft step
-(BatchDrafter.for_batch: a draft model's chains).
+(BatchDrafter.for_batch: a draft model's or a feature head's chains). A feature head reads each row's
+own FeatureLog, which the packed forwards fill as the single-sequence engine's do.
 
 A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the
 engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet); ONE
@@ -14,8 +15,8 @@ exactly as the single-sequence engine does (engine.py), so every row's output is
 token for token (greedy) or a sample of its own distribution (sampling). A row that ends (EOS, length, a
 stopping criterion) gives its pages back and drops out of the next step's forward.
 
-Typical acceptance, self-speculative drafts, feature heads and cross-tokenizer drafts run the rows one
-after another through the single-sequence engine (api.py decides; `batchable` says why not).
+Typical acceptance and self-speculative drafts run the rows one after another through the
+single-sequence engine (api.py decides; `batchable` says why not).
 """
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ from dataclasses import dataclass
 import torch
 
 from .cache.pool import BlockTable
-from .drafters.base import (BatchDrafter, Draft, DraftContext, DraftRows, DraftSetup, ModelBackedDrafter, RowDrafter,
-                            check_draft)
+from .drafters.base import (BatchDrafter, Draft, DraftContext, DraftRows, DraftSetup, FeatureDrafter, FeatureRows,
+                            ModelBackedDrafter, RowDrafter, check_draft)
 from .engine import Engine
 from .hf.attention import specdec_attention
 from .hf.batch_runner import BatchRunner, RowForward
+from .hf.features import FeatureLog
 from .hf.runner import check_rope_span, max_positions_of
 from .policy.batch import BatchPlanner
 from .policy.simple import ConstantPolicy
@@ -84,10 +86,14 @@ def planner_for(engine: Engine) -> BatchPlanner:
 
 
 class PerRowDrafts:
-    """DraftRows over one drafter per row (RowDrafter.for_row), each drafting on its own; also trees."""
+    """DraftRows over one drafter per row (RowDrafter.for_row), each drafting on its own; also trees.
+    features: one FeatureLog per row, attached to each row's drafter when it reads features."""
 
-    def __init__(self, drafters: list):
+    def __init__(self, drafters: list, features: list | None = None):
         self.drafters = drafters
+        for drafter, log in zip(drafters, features or []):
+            if isinstance(drafter, FeatureDrafter):
+                drafter.attach(log)
 
     def begin(self, setups: list[DraftSetup]) -> None:
         for drafter, setup in zip(self.drafters, setups):
@@ -107,21 +113,24 @@ class PerRowDrafts:
             drafter.end()
 
 
-def draft_rows(engine: Engine, pool, rows: int) -> DraftRows:
+def draft_rows(engine: Engine, pool, rows: int, features: list | None) -> DraftRows:
     """The batch's drafting: chains from a BatchDrafter in one forward per draft step, else (and for
-    trees) one drafter per row."""
+    trees) one drafter per row. features: each row's FeatureLog (a drafter that reads features), or None."""
     drafter = engine.drafter
     if engine.tree is None and isinstance(drafter, BatchDrafter):
         together = drafter.for_batch(pool)
         if together is not None:
+            if isinstance(together, FeatureRows):
+                together.attach(features)
             return together
-    return PerRowDrafts([drafter.for_row() for _ in range(rows)])
+    return PerRowDrafts([drafter.for_row() for _ in range(rows)], features)
 
 
 class _Row:
     """A live row's state."""
 
-    def __init__(self, index: int, request: RowRequest, table: BlockTable, tracker, pipeline, context: torch.Tensor):
+    def __init__(self, index: int, request: RowRequest, table: BlockTable, tracker, pipeline, context: torch.Tensor,
+                 features: FeatureLog | None):
         self.index = index  # the row's number in the batch (its drafter's, in DraftRows)
         self.request = request
         self.T = request.prompt.numel()
@@ -133,6 +142,7 @@ class _Row:
         self.stats = SpecStats(prompt_tokens=self.T)
         self.done = False
         self.decode_t0 = 0.0
+        self.features = features  # the target's features by position (a feature-head drafter), else None
 
 
 def generate_batch(engine: Engine, requests: list[RowRequest], sampling: SamplingParams,
@@ -155,9 +165,11 @@ def _generate(engine: Engine, requests, sampling, generator):
     ps = engine.page_size
     need = sum(-(-(r.prompt.numel() + r.limits.max_new_tokens + planner.max_length + 2) // ps) * ps for r in requests)
     pool = engine._pool_for(need)
-    runner = BatchRunner(target, pool)
+    runner = BatchRunner(target, pool, kernel=engine.kernel)
+    runner.capture = engine.feature_layers
+    features = [FeatureLog() for _ in requests] if engine.feature_layers else None
     rows: list[_Row] = []
-    drafts = draft_rows(engine, pool, len(requests)) if engine.drafter is not None else None
+    drafts = draft_rows(engine, pool, len(requests), features) if engine.drafter is not None else None
     draft_model = engine.drafter.model if isinstance(engine.drafter, ModelBackedDrafter) else None
     began = False
     try:
@@ -168,7 +180,8 @@ def _generate(engine: Engine, requests, sampling, generator):
                 context[:prompt.numel()] = prompt
                 pipeline = LogitsPipeline(sampling, prompt.numel(), r.limits.min_new_tokens, r.limits.eos_token_ids,
                                           r.processors, r.post_processors)
-                rows.append(_Row(i, r, BlockTable(pool, dev), planner.new_row(), pipeline, context))
+                rows.append(_Row(i, r, BlockTable(pool, dev), planner.new_row(), pipeline, context,
+                                 features[i] if features is not None else None))
             _prefill(engine, runner, rows, sampling, generator)
             if drafts is not None:  # the drafter's own prefill, after every row's first token is out
                 t_draft = time.perf_counter()
@@ -195,7 +208,9 @@ def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator)
     t0 = time.perf_counter()
     logits = runner.forward([RowForward(row.table, 0, row.context[:row.T], logits_rows=1) for row in rows])
     t1 = time.perf_counter()
-    for row, lg in zip(rows, logits):
+    for j, (row, lg) in enumerate(zip(rows, logits)):
+        if row.features is not None:
+            row.features.write(0, runner.last_features[j])
         scores = row.pipeline(lg, row.context[:row.T], [[]])
         first = pick_token(scores, sampling, generator)
         row.tokens.append(first)
@@ -241,13 +256,16 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
     logits = runner.forward(forwards)
     t2 = time.perf_counter()
     planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, sum(len(p[1]) for p in proposed), t1 - t0)
-    for row, (draft, toks, par), lg in zip(live, proposed, logits):
-        _commit(row, runner, drafts, draft, toks, par, lg, sampling, generator, t1 - t0, t2 - t1)
+    for j, (row, (draft, toks, par), lg) in enumerate(zip(live, proposed, logits)):
+        feats = runner.last_features[j] if row.features is not None else None
+        _commit(row, runner, drafts, draft, toks, par, lg, feats, sampling, generator, t1 - t0, t2 - t1)
 
 
 def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int], par: list[int],
-            logits: torch.Tensor, sampling, generator, draft_s: float, verify_s: float) -> None:
-    """Verify one row's draft against its rows of the batch's logits [n + 1, V], roll back, commit."""
+            logits: torch.Tensor, feats: torch.Tensor | None, sampling, generator, draft_s: float,
+            verify_s: float) -> None:
+    """Verify one row's draft against its rows of the batch's logits [n + 1, V] (and target features
+    [n + 1, F] when the drafter reads them), roll back, commit."""
     N = len(row.tokens)
     L = N - 1
     context = row.context[:N]
@@ -256,10 +274,13 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
     scores = row.pipeline(logits, context, node_paths(toks, par, chain))
     result = verify(draft, scores, sampling, generator, chain)
     m = len(result.path)
-    compact_path(runner.kv, row.table, L, result.path, kernel=False)
+    compact_path(runner.kv, row.table, L, result.path, runner.kernel)
     new = [toks[i] for i in result.path] + [result.next_token]
+    emitting = emitting_rows(result.path)
+    if feats is not None:  # the root's and the accepted nodes' features: positions L .. L + m
+        row.features.write(L, feats[emitting])
     emitted = 0
-    for tok, i in zip(new, emitting_rows(result.path)):  # i: the scores row that predicted tok
+    for tok, i in zip(new, emitting):  # i: the scores row that predicted tok
         row.tokens.append(tok)
         emitted += 1
         if stops_at(row.tokens, row.T, row.request.limits, scores[i][None]):

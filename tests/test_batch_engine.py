@@ -148,7 +148,7 @@ def _coupled(monkeypatch):
         return step(*args)
 
     def commit_(*args):
-        args[8].set_state(seed["state"])  # the generator
+        args[9].set_state(seed["state"])  # the generator
         return commit(*args)
 
     monkeypatch.setattr(batch_mod, "_step", step_)

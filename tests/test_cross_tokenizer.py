@@ -187,3 +187,26 @@ def test_auto_drafts_by_intersection_only_when_sampling_with_tokenizers_that_cut
         drafter = CrossTokenizerDrafter(draft, draft_tok, tok)
         specdec.generate(target, ids, drafter=drafter, draft_length=2, max_new_tokens=4, do_sample=sample)
         assert drafter.active == want
+
+
+@pytest.mark.parametrize("mode", ["intersection", "text"])
+def test_a_left_padded_batch_drafts_across_tokenizers_row_by_row_in_one_target_forward(zoo_target, mode):
+    """Three prompts in one batch: every row equals its own greedy generation and keeps its own draft
+    history (a shared history would be rejected: acceptance would fall to ~0)."""
+    import specdec.batch as batch_mod
+
+    target, tok = zoo_target
+    draft, draft_tok = permuted_copy(target, tok, seed=1)
+    tok.padding_side = "left"
+    texts = specdec.zoo.prompts(3)
+    enc = tok(texts, return_tensors="pt", padding=True)
+    model = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok, cross_tokenizer=mode,
+                         draft_length=4)
+    assert batch_mod.batchable(model.engine) is None
+    out = model.generate(enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=NEW, eos_token_id=None,
+                         return_dict_in_generate=True)
+    for i, text in enumerate(texts):
+        ids = tok(text, return_tensors="pt").input_ids
+        assert torch.equal(out.sequences[i, enc.input_ids.shape[1]:], hf_greedy(target, ids, NEW, eos_token_id=None)[0, ids.shape[1]:])
+        assert out.stats[i].acceptance_rate > 0.6, out.stats[i].summary()
+    assert model.engine.pool.num_used == 0

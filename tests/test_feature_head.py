@@ -145,9 +145,9 @@ class ForgetsTheSubset(FeatureHead):
 
     unrestricted: list = []
 
-    def _full_scores(self, feat):
+    def full_scores(self, feat):
         self.unrestricted = self.unrestricted + [torch.nn.functional.linear(feat, self.target.lm_head.weight).float()]
-        return super()._full_scores(feat)
+        return super().full_scores(feat)
 
     def propose(self, ctx, budget):
         from specdec.verifiers.sampling import probs_from_scores
@@ -213,5 +213,95 @@ def test_sampling_with_a_reduced_vocabulary_head_follows_the_target(lossy, tree)
     p = _pvalue(exact, _counts(specdec.wrap(target, drafter=head, draft_length=2 if tree is None else "adaptive", tree=tree), n), n)
     if lossy:
         assert p < 1e-6  # the test has the power to see a wrong q
+    else:
+        assert p > 1e-3
+
+
+# -- batches: every row's chain in one head forward per draft step ----------------------------------------
+def _left_padded_zoo(n):
+    target, tok = specdec.zoo.load("target")
+    tok.padding_side = "left"
+    texts = specdec.zoo.prompts(n)
+    return target, tok, texts, tok(texts, return_tensors="pt", padding=True)
+
+
+@pytest.mark.parametrize("kw", [dict(draft_length=4), dict(tree=specdec.TreeSpec.dynamic(nodes=8, depth=4, topk=2))],
+                         ids=["chains", "trees"])
+def test_a_shipped_head_drafts_a_batch_and_every_row_keeps_its_own_greedy_output(monkeypatch, kw):
+    """The zoo's trained head over 4 left-padded prompts: each row equals its own HF greedy generation,
+    the head's drafts are accepted, and chains are drafted for every drafting row in one head forward
+    per draft position (the catch-up and each further token), not one per row."""
+    import specdec.drafters.head_rows as head_rows
+
+    target, tok, texts, enc = _left_padded_zoo(4)
+    head = FeatureHead.from_pretrained(specdec.zoo.path("target-head"), target)
+    calls = []
+    run = head_rows.run_head
+    monkeypatch.setattr(head_rows, "run_head", lambda *a: calls.append(a[2].shape[0]) or run(*a))
+    out = specdec.generate(target, enc.input_ids, attention_mask=enc.attention_mask, drafter=head,
+                           max_new_tokens=24, eos_token_id=None, return_dict_in_generate=True, **kw)
+    for i, text in enumerate(texts):
+        ids = tok(text, return_tensors="pt").input_ids
+        want = target.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)[0, ids.shape[1]:]
+        assert torch.equal(out.sequences[i, enc.input_ids.shape[1]:], want), i
+    assert all(s.accepted_tokens > 0 for s in out.stats)
+    if "tree" in kw:
+        assert not calls  # trees: each row's own head (PerRowDrafts)
+    else:  # its prefill, then per step one catch-up and at most 3 more forwards for all rows
+        steps = out.batch_stats.target_forwards
+        assert calls and calls[0] > 4 and len(calls) <= 1 + 4 * steps
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"], ids=["lean loop", "HF modules"])
+def test_a_batch_hands_every_rows_head_that_rows_own_features(monkeypatch, arch):
+    """Each row's FeatureLog after a batch holds what a teacher-forced forward of that row alone computes
+    at every position the target ran, from the packed forwards (lean loop and HF hooks)."""
+    import specdec.drafters.head_rows as head_rows
+    from test_batches import left_padded
+    from test_engine_greedy import prompts
+
+    target = build(arch, seed=1, layers=4)
+    head = random_head(target)
+    seen = []
+    end = head_rows.HeadRows.end
+    monkeypatch.setattr(head_rows.HeadRows, "end",
+                        lambda self: seen.extend(f.rows(0, f.valid).clone() for f in self.features) or end(self))
+    rows = prompts(4, seed=3, length=(3, 12))
+    ids, mask = left_padded(rows)
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=head, draft_length=3, max_new_tokens=10,
+                           eos_token_id=None)
+    assert len(seen) == len(rows)
+    for row, got, seq in zip(rows, seen, out):
+        full = torch.cat([row[0], seq[ids.shape[1]:]])
+        want = target_features(target, full, head.feature_layers)
+        assert got.shape[0] == full.numel() - 1
+        torch.testing.assert_close(got, want[:-1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["exact", "draws argmax, reports q (control)"])
+def test_sampling_a_batch_with_a_head_follows_the_target(monkeypatch, lossy):
+    """Two rows of the same prompt drafted by HeadRows: every row's tokens fit the target's joint
+    distribution; a variant whose head picks its argmax but reports its sampled q fails."""
+    import specdec.drafters.head_rows as head_rows
+
+    target = tiny_vocab_model(V, seed=0, scale=4.0)
+    head = FeatureHead(random_head(target, seed=1, draft_vocab=3, scale=3.0).net, target)
+    if lossy:
+        monkeypatch.setattr(head_rows, "sample", lambda q, generator=None: q.argmax(-1))
+    exact = _joint(target)
+    spec = specdec.wrap(target, drafter=head, draft_length=2)
+    prompt = torch.tensor([[0, 1, 2]]).repeat(2, 1)
+    n = 500 if lossy else 1200
+    counts = {}
+    torch.manual_seed(98)
+    for _ in range(n):
+        seq = spec.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=True,
+                            temperature=0.9, top_k=4)
+        for row in seq:
+            key = tuple(row[3:].tolist())
+            counts[key] = counts.get(key, 0) + 1
+    p = _pvalue(exact, counts, 2 * n)
+    if lossy:
+        assert p < 1e-6
     else:
         assert p > 1e-3

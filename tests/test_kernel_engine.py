@@ -39,3 +39,35 @@ def test_kernel_path_generation_equals_target_greedy(tree, monkeypatch):
     assert calls["attention"] > 0  # the kernels really ran
     if tree == "static":  # with the target drafting for itself, a 2-wide tree accepts [0, 2]: moved KV
         assert calls["compaction"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_a_batch_on_the_kernel_path_gives_every_row_its_own_greedy_output(arch, monkeypatch):
+    """Left-padded rows through the batched engine with the Triton kernels (what CUDA selects): one
+    tree_attention_rows launch per layer and forward serves every row (prefill, chains and trees, sliding
+    windows and soft-capping included), and each row equals its own unpadded greedy generation."""
+    import specdec.kernels as kernels
+    from test_batches import left_padded
+    from test_engine_greedy import prompts
+
+    launches = []
+    real = kernels.tree_attention_rows
+
+    def rows_attention(q, k, v, rows, *a, **kw):
+        launches.append(len(rows.sizes))
+        return real(q, k, v, rows, *a, **kw)
+
+    monkeypatch.setattr(kernels, "tree_attention_rows", rows_attention)
+    target = build(arch, seed=0, scale=2.0)
+    rows = prompts(3, seed=31, length=(3, 14))
+    ids, mask = left_padded(rows)
+    want = [hf_greedy(target, r, 10, eos_token_id=None)[0, r.shape[1]:] for r in rows]
+    for spec in ({"draft_length": 3}, {"tree": specdec.TreeSpec.static([2, 1])}):
+        model = specdec.wrap(target, drafter=target, **spec)  # the target drafting for itself: long accepts
+        model.engine.kernel = True
+        launches.clear()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=10, eos_token_id=None)
+        for i, w in enumerate(want):
+            assert torch.equal(out[i, ids.shape[1]:], w), (spec, i)
+        assert launches and launches[0] == 3  # the prefill: every row in one launch per layer
+        assert model.engine.pool.num_used == 0

@@ -330,18 +330,21 @@ def build(fn, types, consts, num_warps=4):
     assert k.asm["cubin"]
 
 TT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-for dtype, rows, head_dim, split, window, softcap in [
-        (torch.bfloat16, 256, 128, True, False, False),   # the benchmark shape: 64 nodes x G=4
-        (torch.bfloat16, 8, 64, False, True, True),       # small chain, Gemma-2 style options
-        (torch.float16, 64, 80, True, True, False),       # head_dim padded 80 -> 128
-        (torch.float32, 64, 128, True, False, True)]:     # exact-fp32 dots
+for dtype, rows, head_dim, split, window, softcap, batch in [
+        (torch.bfloat16, 256, 128, True, False, False, False),  # the benchmark shape: 64 nodes x G=4
+        (torch.bfloat16, 8, 64, False, True, True, False),      # small chain, Gemma-2 style options
+        (torch.float16, 64, 80, True, True, False, False),      # head_dim padded 80 -> 128
+        (torch.float32, 64, 128, True, False, True, False),     # exact-fp32 dots
+        (torch.bfloat16, 32, 128, True, True, False, True),     # a batch's packed rows (tree_rows.py)
+        (torch.float16, 8, 64, False, False, True, True)]:
     BLOCK_M, BLOCK_N, BLOCK_D, num_warps = ta._pick_tiles(dtype, rows, head_dim)
     t, o = TT[dtype], "fp32" if split else TT[dtype]
     types = dict(Q="*" + t, K_pages="*" + t, V_pages="*" + t, BlockTable="*i32", TreeMask="*u8",
-                 NodePos="*i64", Out="*" + o, Lse="*" + o, qk_scale="fp32", softcap="fp32")
+                 NodePos="*i64", Out="*" + o, Lse="*" + o, RowStart="*i32", PrefixLen="*i32", qk_scale="fp32",
+                 softcap="fp32")
     consts = dict(GROUP=4, PAGE_SIZE=16, HEAD_DIM=head_dim, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                   HAS_SOFTCAP=softcap, HAS_WINDOW=window, SPLIT=split, DOT_FP32=False,
-                  DOT_IEEE=dtype == torch.float32)
+                  DOT_IEEE=dtype == torch.float32, ROWS=batch)
     build(ta._tree_attn_kernel, types, consts, num_warps)
 build(ta._combine_splits_kernel, dict(Part="*fp32", Lse="*fp32", Out="*bf16"),
       dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8))

@@ -235,6 +235,17 @@ class FeatureDrafter(Drafter, Protocol):
     def attach(self, features) -> None: ...
 
 
+@runtime_checkable
+class FeatureRows(DraftRows, Protocol):
+    """DraftRows that read the target's features (a feature head's, drafters/head_rows.py): the batch
+    captures `feature_layers` in its packed forwards and calls attach(features), one FeatureLog per row,
+    before begin()."""
+
+    feature_layers: tuple
+
+    def attach(self, features: list) -> None: ...
+
+
 def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[int], list[int], list[float] | None]:
     """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
     q rows [n, vocab]. A ValueError names the drafter and what it got wrong.

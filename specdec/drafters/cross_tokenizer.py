@@ -26,6 +26,7 @@ tokens it ran are simply rolled back next step where the target chose otherwise.
 """
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -107,6 +108,13 @@ class CrossTokenizerDrafter:
                                      f"min_shared={self.min_shared}): too few to draft by intersection; use "
                                      "cross_tokenizer='text'")
                 self.active = "text"
+
+    def for_row(self) -> "CrossTokenizerDrafter":
+        """A drafter for one row of a batch (specdec/batch.py): the same model, tokenizers and vocabulary
+        map (and what check_compatible decided), its own pages and draft history."""
+        row = copy.copy(self)
+        row.runner, row.ids = None, []
+        return row
 
     # -- the Drafter protocol --------------------------------------------------------------------
     def begin(self, setup: DraftSetup) -> None:

@@ -15,6 +15,7 @@ proposal's q is the head's processed distribution over its subset, zero outside:
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -67,6 +68,19 @@ class FeatureHead:
             raise ValueError(f"{path / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {unexpected}")
         return FeatureHead(net, target)
 
+    # -- batches (specdec/batch.py) ----------------------------------------------------------------
+    def for_row(self) -> "FeatureHead":
+        """A head for one row of a batch: the same network, its own pages, table and features."""
+        row = copy.copy(self)
+        row.kv = row.table = row.features = None
+        return row
+
+    def for_batch(self, pool):
+        """Every row's chain drafted in one head forward per draft step (HeadRows)."""
+        from .head_rows import HeadRows
+
+        return HeadRows(self, pool)
+
     # -- the Drafter protocol --------------------------------------------------------------------
     def attach(self, features) -> None:
         self.features = features
@@ -105,7 +119,7 @@ class FeatureHead:
             slots = self.table.slots(0, p + 1)
             feat = self._run(feat, torch.tensor([x], device=device), torch.tensor([p], device=device),
                              slots[-1:], slots, None)
-            return self._full_scores(feat)
+            return self.full_scores(feat)
 
         return draft_chain(ctx, budget, scores, advance)
 
@@ -144,7 +158,7 @@ class FeatureHead:
             out = self._run(feats, tokens, positions, slots[base + m:], slots, mask.to(device))
             for row, node in enumerate(frontier):
                 pred[node] = out[row]
-            frontier = grower.expand(probs_from_scores(ctx.process(self._full_scores(out), ctx.tokens, paths)))
+            frontier = grower.expand(probs_from_scores(ctx.process(self.full_scores(out), ctx.tokens, paths)))
         toks, parents = grower.result()
         return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 
@@ -162,31 +176,36 @@ class FeatureHead:
         mask = torch.ones(end - start, end, dtype=torch.bool, device=tokens.device).tril_(start)
         out = self._run(feats, tokens[start + 1:end + 1], positions, slots[start:end], slots, mask)
         self.kv.valid = end
-        return out[-1:], self._full_scores(out[-1:])
+        return out[-1:], self.full_scores(out[-1:])
 
     def _run(self, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
-        """feats [n, H] (projected or predicted), tokens [n], positions [n] -> predicted features [n, H].
-        mask [n, len(read_slots)] bool, None = every read slot visible."""
-        net = self.net
-        x = net.inputs(feats, tokens)[None]  # [1, n, H]
-        cos, sin = net.rope(positions, x.dtype)
-        cos, sin = cos[None, None], sin[None, None]
-        attn_mask = None if mask is None else mask[None, None]
-        for i, layer in enumerate(net.layers):
-            q, k, v = layer.qkv(x, cos, sin)
-            self.kv.write(i, write_slots, k, v)
-            keys, vals = self.kv.gather(i, read_slots)
-            att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
-            x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
-        return net.norm(x[0])
+        return run_head(self.net, self.kv, feats, tokens, positions, write_slots, read_slots, mask)
 
-    def _full_scores(self, feat: torch.Tensor) -> torch.Tensor:
+    def full_scores(self, feat: torch.Tensor) -> torch.Tensor:
         """Predicted features [r, H] -> draft logits over the full vocabulary [r, V], -inf off the subset."""
         sub = self.net.logits(feat)
         if sub.shape[-1] == self.vocab_size:
             return sub
         full = sub.new_full((sub.shape[0], self.vocab_size), float("-inf"))
         return full.index_copy_(1, self.net.vocab_ids, sub)
+
+
+def run_head(net: HeadNet, kv: PagedKV, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
+    """The head's layers over entries: feats [n, H] (projected target features or predicted ones), tokens
+    [n], positions [n]; their KV goes to write_slots [n] of `kv`, attention reads read_slots [R] under mask
+    [n, R] bool (None: every read slot visible). Returns the predicted features [n, H] (after the head's norm).
+    One sequence's entries, or a batch's packed with a block-diagonal mask (drafters/head_rows.py)."""
+    x = net.inputs(feats, tokens)[None]  # [1, n, H]
+    cos, sin = net.rope(positions, x.dtype)
+    cos, sin = cos[None, None], sin[None, None]
+    attn_mask = None if mask is None else mask[None, None]
+    for i, layer in enumerate(net.layers):
+        q, k, v = layer.qkv(x, cos, sin)
+        kv.write(i, write_slots, k, v)
+        keys, vals = kv.gather(i, read_slots)
+        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
+        x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
+    return net.norm(x[0])
 
 
 def check_head_matches(config: HeadConfig, target, check_fingerprint: bool, where="the head") -> None:

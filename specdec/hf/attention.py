@@ -28,6 +28,12 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
                            "restore the model's attention implementation before calling it directly")
     meta.calls += 1
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if meta.kernel and meta.kernel_rows is not None:  # a packed batch: every row over its own pages
+        from ..kernels import tree_attention_rows
+
+        out = tree_attention_rows(query[0].transpose(0, 1), key, value, meta.kernel_rows, scale,
+                                  sliding_window=sliding_window, softcap=softcap)
+        return out.unsqueeze(0), None
     if meta.kernel:
         from ..kernels import tree_attention
 

@@ -4,11 +4,14 @@ The rows' new tokens are packed ragged into one sequence of sum(n_i) tokens (HF 
 token with its own row's position; the mask is block-diagonal: a row's tokens see that row's committed
 KV (its own block table's slots) and the ancestors-or-self among its own new tokens, never another row.
 One set of page tensors (PagedKV, indexed by page id) serves every row's table. Callers must be inside
-`specdec_attention(model)`. The attention runs on the torch path (the Triton kernel takes one table):
-through hf/lean.py's loop where the model passes its bit-exactness probe, else the HF modules.
+`specdec_attention(model)`. On the kernel path (CUDA) the HF modules call the Triton tree attention
+over every row's own pages in one launch per layer (kernels/tree_rows.py). On the torch path
+attention runs through hf/lean.py's loop where the model passes its bit-exactness probe, else the HF
+modules over a dense block-diagonal mask.
 
-Cost: the dense mask is [sum n_i, sum T_i], so attention does B times the work a per-row kernel would;
-weights are read once for all rows, which is what a batch is for on memory-bound hardware.
+Cost on the torch path: the dense mask is [sum n_i, sum T_i], so attention does B times the work a
+per-row kernel would (the lean loop lays rows out padded from PADDED_FROM rows instead); weights are
+read once for all rows, which is what a batch is for on memory-bound hardware.
 """
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ import torch
 
 from ..cache.paged import PagedKV
 from ..cache.pool import BlockTable, PagePool
+from ..kernels.tree_rows import KernelRows
 from ..transfer import to_device
 from .attention import check_supported
 from .cache import PagedCache, RowLayout, StepMeta
+from .features import FeatureCapture
 from .lean import LeanRunner
 from .runner import causal_mask, num_layers_of
 
@@ -50,16 +55,22 @@ class RowForward:
 class BatchRunner:
     """One model's page tensors on `pool`, addressed through any number of rows' block tables."""
 
-    def __init__(self, model, pool: PagePool, lean: bool = True, exact: bool = True):
+    def __init__(self, model, pool: PagePool, lean: bool = True, exact: bool = True, kernel: bool = False):
         """lean: run the lean loop where the model passes its probe, bit for bit (exact: a target's logits
-        decide the output) or within rounding (a draft's only move acceptance)."""
+        decide the output) or within rounding (a draft's only move acceptance). kernel: the HF modules
+        with the Triton kernels (the lean loop is then never used)."""
         check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
-        self.lean = LeanRunner.for_model(model, pool, None, exact=exact) if lean else None
+        self.kernel = kernel
+        self.lean = LeanRunner.for_model(model, pool, None, exact=exact) if lean and not kernel else None
         self.kv = self.lean.kv if self.lean is not None else PagedKV(pool, num_layers_of(model), self.device)
         self.cache = PagedCache(self.kv)
         self.num_layers = self.kv.num_layers
+        # feature layers (hf/features.py) a feature-head drafter reads; each forward then leaves every
+        # row's features, one per token it ran, in last_features: [n_i, F] per row
+        self.capture: tuple[int, ...] = ()
+        self.last_features: list[torch.Tensor] | None = None
 
     @torch.no_grad()
     def forward(self, rows: list[RowForward]) -> list[torch.Tensor]:
@@ -67,8 +78,9 @@ class BatchRunner:
         if not rows:
             return []
         dev = self.device
-        writes, reads, q_pos, k_pos, keep, blocks = [], [], [], [], [], []
+        writes, reads, q_pos, k_pos, keep, blocks, trees = [], [], [], [], [], [], []
         offset = 0
+        dense = not self.kernel  # the kernel reads pages and tree masks itself: no dense key mask
         for row in rows:
             n, start = row.tokens.numel(), row.start
             if n == 0:
@@ -76,30 +88,50 @@ class BatchRunner:
             row.table.reserve(start + n)
             pos = row.positions if row.positions is not None else torch.arange(start, start + n, device=dev)
             writes.append(row.table.slots(start, start + n))
-            reads.append(row.table.slots(0, start + n))
             q_pos.append(pos)
-            k_pos.append(torch.cat([torch.arange(start, device=dev), pos]))
-            tree = row.tree_mask if row.tree_mask is not None else causal_mask(n, dev)
-            blocks.append(torch.cat([torch.ones(n, start, dtype=torch.bool, device=dev), tree.to(dev)], dim=1))
+            tree = row.tree_mask.to(dev) if row.tree_mask is not None else causal_mask(n, dev)
+            trees.append(tree)
+            if dense:
+                reads.append(row.table.slots(0, start + n))
+                k_pos.append(torch.cat([torch.arange(start, device=dev), pos]))
+                blocks.append(torch.cat([torch.ones(n, start, dtype=torch.bool, device=dev), tree], dim=1))
             r = n if row.logits_rows is None else row.logits_rows
             keep.extend(range(offset + n - r, offset + n))
             offset += n
-        # the lean loop attends row by row in one call from PADDED_FROM rows (B x less work than the block
-        # mask, which it then never reads); otherwise every row's block goes on the diagonal of one mask
-        padded = self.lean is not None and len(rows) >= PADDED_FROM
-        meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
-                        tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=torch.cat(q_pos),
-                        full_mask=None if padded else torch.block_diag(*blocks), read_pos=torch.cat(k_pos),
-                        rows=_layout(reads, q_pos, k_pos, blocks, dev) if padded else None)
+        positions = torch.cat(q_pos)
+        if self.kernel:
+            meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=writes[0][:0],
+                            tree_mask=trees[0][:, :0], q_pos=positions, kernel=True,
+                            kernel_rows=KernelRows.build([row.table.pages for row in rows], [row.start for row in rows],
+                                                         trees, positions, dev))
+        else:
+            # the lean loop attends row by row in one call from PADDED_FROM rows (B x less work than the
+            # block mask, which it then never reads); otherwise every row's block goes on one mask's diagonal
+            padded = self.lean is not None and len(rows) >= PADDED_FROM
+            meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
+                            tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=positions,
+                            full_mask=None if padded else torch.block_diag(*blocks), read_pos=torch.cat(k_pos),
+                            rows=_layout(reads, q_pos, k_pos, blocks, dev) if padded else None)
         tokens, keep = torch.cat([row.tokens.to(dev) for row in rows]), to_device(keep, torch.long, dev)
         sizes = [row.tokens.numel() if row.logits_rows is None else row.logits_rows for row in rows]
+        ran = [row.tokens.numel() for row in rows]
         if self.lean is not None:
             need = max(row.start + row.tokens.numel() for row in rows) + 1
-            return list(self.lean.run_meta(self.lean.embed(tokens), meta, need, keep).split(sizes))
+            self.lean.capture = self.capture
+            logits = self.lean.run_meta(self.lean.embed(tokens), meta, need, keep)
+            if self.capture:
+                self.last_features = list(self.lean.last_features.split(ran))
+            return list(logits.split(sizes))
         self.cache.meta = meta
+        kwargs = dict(input_ids=tokens[None], position_ids=meta.q_pos[None], cache=self.cache, use_cache=True,
+                      specdec_meta=meta, logits_to_keep=keep)
         try:
-            out = self.model(input_ids=tokens[None], position_ids=meta.q_pos[None], cache=self.cache, use_cache=True,
-                             specdec_meta=meta, logits_to_keep=keep)
+            if self.capture:
+                with FeatureCapture(self.model, self.capture) as cap:
+                    out = self.model(**kwargs)
+                self.last_features = list(cap.features()[0].split(ran))
+            else:
+                out = self.model(**kwargs)
         finally:
             self.cache.meta = None
         if meta.calls != self.num_layers:

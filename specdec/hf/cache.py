@@ -74,6 +74,7 @@ class StepMeta:
     full_mask: torch.Tensor | None = None
     read_pos: torch.Tensor | None = None
     rows: RowLayout | None = None
+    kernel_rows: object = None  # a packed batch on the kernel path: kernels.tree_rows.KernelRows
     calls: int = 0
     _masks: dict = field(default_factory=dict)
 

@@ -1,6 +1,7 @@
 """Triton kernels and their torch references (same signatures).
 
 tree_attention / tree_attention_ref   attention of n tree nodes over a paged KV cache (verification)
+tree_attention_rows / ..._rows_ref    the same for a batch's rows in one launch (KernelRows)
 compact_kv / compact_kv_ref           move accepted rows' K/V into place, overlap-safe (commit)
 slots_for                             logical positions -> flat page slots, through a block table
 on_triton(device)                     which of the two a caller should use for tensors on `device`
@@ -21,9 +22,11 @@ import torch
 
 from .compaction import compact_kv, compact_kv_ref, slots_for
 from .tree_attention import tree_attention, tree_attention_ref
+from .tree_rows import KernelRows, tree_attention_rows, tree_attention_rows_ref
 
 __all__ = [
-    "compact_kv", "compact_kv_ref", "on_triton", "slots_for", "tree_attention", "tree_attention_ref",
+    "KernelRows", "compact_kv", "compact_kv_ref", "on_triton", "slots_for", "tree_attention", "tree_attention_ref",
+    "tree_attention_rows", "tree_attention_rows_ref",
 ]
 
 

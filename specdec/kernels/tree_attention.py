@@ -223,40 +223,50 @@ if triton is not None:
 
     @triton.jit
     def _tree_attn_kernel(
-        Q, K_pages, V_pages, BlockTable, TreeMask, NodePos, Out, Lse,
-        prefix_len, n_nodes, keys_per_split, qk_scale, softcap, sliding_window,
+        Q, K_pages, V_pages, BlockTable, TreeMask, NodePos, Out, Lse, RowStart, PrefixLen,
+        prefix_len, n_nodes, keys_per_split, num_splits, qk_scale, softcap, sliding_window,
         stride_qn, stride_qh,
         stride_kp, stride_ks, stride_kh,
         stride_vp, stride_vs, stride_vh,
-        stride_mn, stride_mk,
-        stride_os, stride_on, stride_oh,   # Out: [splits, n, Hq, D] partials (SPLIT) or [n, Hq, D]
-        stride_ls, stride_ln,              # Lse: [splits, n, Hq] (SPLIT only)
+        stride_bb,                         # BlockTable: [B, pages] (ROWS) or [pages]
+        stride_mb, stride_mn, stride_mk,   # TreeMask: [B, n_max, n_max] (ROWS) or [n, n]
+        stride_os, stride_on, stride_oh,   # Out: [splits, N, Hq, D] partials (SPLIT) or [N, Hq, D]
+        stride_ls, stride_ln,              # Lse: [splits, N, Hq] (SPLIT only)
         GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr,
-        DOT_FP32: tl.constexpr, DOT_IEEE: tl.constexpr,
+        DOT_FP32: tl.constexpr, DOT_IEEE: tl.constexpr, ROWS: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         kv_head = tl.program_id(1)
-        split = tl.program_id(2)
-        num_splits = tl.num_programs(2)
+        # axis 2: (row, split) pairs; one sequence (ROWS False) is row 0 with its lengths passed as scalars
+        split = tl.program_id(2) % num_splits
+        first = 0  # the row's first node in the packed Q / NodePos / Out
+        if ROWS:
+            row = tl.program_id(2) // num_splits
+            first = tl.load(RowStart + row)
+            n_nodes = tl.load(RowStart + row + 1) - first
+            prefix_len = tl.load(PrefixLen + row)
+            BlockTable += row.to(tl.int64) * stride_bb
+            TreeMask += row.to(tl.int64) * stride_mb
 
         # rows of this tile: (node, q head) pairs that share kv_head
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         node = offs_m // GROUP
         q_head = kv_head * GROUP + offs_m % GROUP
         row_ok = node < n_nodes
+        packed = (first + node).to(tl.int64)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
         offs_n = tl.arange(0, BLOCK_N)
 
-        q_ptrs = Q + node[:, None] * stride_qn + q_head[:, None] * stride_qh + offs_d[None, :]
+        q_ptrs = Q + packed[:, None] * stride_qn + q_head[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
         q_pos = tl.zeros([BLOCK_M], dtype=tl.int32)
         if HAS_WINDOW:
-            q_pos = tl.load(NodePos + node, mask=row_ok, other=0).to(tl.int32)
+            q_pos = tl.load(NodePos + packed, mask=row_ok, other=0).to(tl.int32)
 
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -267,6 +277,7 @@ if triton is not None:
         # ---- prefix keys [lo, hi) of this split, read through the block table
         lo = split * keys_per_split
         hi = tl.minimum(lo + keys_per_split, prefix_len)
+        hi = tl.where(pid_m * BLOCK_M < n_nodes * GROUP, hi, lo)  # a tile past a short row's nodes: idle
         if HAS_WINDOW:
             # keys older than the window of the tile's earliest query are invisible to all its rows
             q_min = tl.min(tl.where(row_ok, q_pos, 2147483647), 0)
@@ -302,7 +313,7 @@ if triton is not None:
                 tm = tl.load(TreeMask + node[:, None] * stride_mn + j[None, :] * stride_mk, mask=both_ok, other=0)
                 visible = both_ok & (tm != 0)
                 if HAS_WINDOW:
-                    k_pos = tl.load(NodePos + j, mask=key_ok, other=0).to(tl.int32)
+                    k_pos = tl.load(NodePos + first + j, mask=key_ok, other=0).to(tl.int32)
                     visible = visible & ((q_pos[:, None] - k_pos[None, :]) < sliding_window)
                 acc, m_i, l_i = _attend(acc, m_i, l_i, q, k, v, visible, qk_scale, softcap,
                                         HAS_SOFTCAP, DOT_FP32, DOT_IEEE)
@@ -311,12 +322,12 @@ if triton is not None:
         seen = l_i > 0.0
         o = acc / tl.where(seen, l_i, 1.0)[:, None]
         out_mask = row_ok[:, None] & d_ok[None, :]
-        o_ptrs = Out + split.to(tl.int64) * stride_os + node[:, None] * stride_on + q_head[:, None] * stride_oh \
+        o_ptrs = Out + split.to(tl.int64) * stride_os + packed[:, None] * stride_on + q_head[:, None] * stride_oh \
             + offs_d[None, :]
         if SPLIT:
             tl.store(o_ptrs, o, mask=out_mask)
             lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-            tl.store(Lse + split * stride_ls + node * stride_ln + q_head, lse, mask=row_ok)
+            tl.store(Lse + split * stride_ls + packed * stride_ln + q_head, lse, mask=row_ok)
         else:
             tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=out_mask)
 
@@ -391,29 +402,42 @@ def tree_attention(q, k_pages, v_pages, block_table, prefix_len: int, tree_mask,
     if q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"{fn}: tensors are on {q.device}; the Triton kernel needs CUDA tensors "
                          "(or TRITON_INTERPRET=1 for CPU tensors). Use tree_attention_ref on CPU.")
-    n, num_q_heads, head_dim = q.shape
-    _, page_size, num_kv_heads, _ = k_pages.shape
-    G = num_q_heads // num_kv_heads
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    n = q.shape[0]
     if n == 0:
-        return out
-    if block_table.dtype != torch.int32:
-        block_table = block_table.to(torch.int32)
-    has_window = sliding_window is not None
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
     if node_pos is None:
         node_pos = torch.arange(prefix_len, prefix_len + n, device=q.device, dtype=torch.int64)
-    tree_mask_u8 = tree_mask.view(torch.uint8)
+    return launch(q, k_pages, v_pages, block_table, tree_mask, node_pos, None, None, prefix_len, n, scale,
+                  sliding_window, softcap, num_splits, block_m, block_n)
 
-    BLOCK_M, BLOCK_N, BLOCK_D, num_warps = _pick_tiles(q.dtype, n * G, head_dim, block_m, block_n)
-    m_blocks = triton.cdiv(n * G, BLOCK_M)
+
+def launch(q, k_pages, v_pages, block_table, tree_mask, node_pos, row_start, prefix_lens, max_prefix: int,
+           n_max: int, scale: float, sliding_window, softcap, num_splits=None, block_m=None, block_n=None):
+    """Run the kernel over checked arguments: one sequence (row_start None: block_table [pages], tree_mask
+    [n, n], prefix_len = max_prefix, n = n_max) or B packed rows (kernels/tree_rows.py: row_start [B + 1]
+    and prefix_lens [B] int32, block_table [B, pages], tree_mask [B, n_max, n_max]; max_prefix and n_max
+    their largest values, known on the host)."""
+    N, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_pages.shape
+    G = num_q_heads // num_kv_heads
+    rows = row_start is not None
+    B = row_start.numel() - 1 if rows else 1
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if block_table.dtype != torch.int32:
+        block_table = block_table.to(torch.int32)
+    tree_mask_u8 = tree_mask.view(torch.uint8)
+    mask3 = tree_mask_u8 if rows else tree_mask_u8[None]
+
+    BLOCK_M, BLOCK_N, BLOCK_D, num_warps = _pick_tiles(q.dtype, n_max * G, head_dim, block_m, block_n)
+    m_blocks = triton.cdiv(n_max * G, BLOCK_M)
 
     # split-K over the prefix so that the grid fills the GPU (about 2 programs per SM)
     if num_splits is None:
-        want = triton.cdiv(2 * _sm_count(q.device), m_blocks * num_kv_heads)
-        num_splits = max(1, min(want, prefix_len // 256))  # >= 256 prefix keys per split
-    num_splits = max(1, min(int(num_splits), max(1, prefix_len)))
-    keys_per_split = triton.cdiv(triton.cdiv(max(prefix_len, 1), num_splits), BLOCK_N) * BLOCK_N
-    num_splits = max(1, triton.cdiv(prefix_len, keys_per_split))
+        want = triton.cdiv(2 * _sm_count(q.device), m_blocks * num_kv_heads * B)
+        num_splits = max(1, min(want, max_prefix // 256))  # >= 256 prefix keys per split
+    num_splits = max(1, min(int(num_splits), max(1, max_prefix)))
+    keys_per_split = triton.cdiv(triton.cdiv(max(max_prefix, 1), num_splits), BLOCK_N) * BLOCK_N
+    num_splits = max(1, triton.cdiv(max_prefix, keys_per_split))
 
     if softcap is not None:
         qk_scale, softcap_arg = float(scale) / float(softcap), float(softcap)
@@ -424,30 +448,33 @@ def tree_attention(q, k_pages, v_pages, block_table, prefix_len: int, tree_mask,
 
     split = num_splits > 1
     if split:
-        part = torch.empty((num_splits, n, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((num_splits, n, num_q_heads), dtype=torch.float32, device=q.device)
+        part = torch.empty((num_splits, N, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((num_splits, N, num_q_heads), dtype=torch.float32, device=q.device)
         dst, stride_os, stride_ls = part, part.stride(0), lse.stride(0)
     else:
         lse = out  # unused
         dst, stride_os, stride_ls = out, 0, 0
-    grid = (m_blocks, num_kv_heads, num_splits)
+    grid = (m_blocks, num_kv_heads, B * num_splits)
     _tree_attn_kernel[grid](
-        q, k_pages, v_pages, block_table, tree_mask_u8, node_pos, dst, lse,
-        prefix_len, n, keys_per_split, qk_scale, softcap_arg, min(int(sliding_window or 0), 1 << 30),
+        q, k_pages, v_pages, block_table, mask3, node_pos, dst, lse,
+        row_start if rows else block_table, prefix_lens if rows else block_table,  # unread without ROWS
+        max_prefix, n_max, keys_per_split, num_splits, qk_scale, softcap_arg,
+        min(int(sliding_window or 0), 1 << 30),
         q.stride(0), q.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
-        tree_mask_u8.stride(0), tree_mask_u8.stride(1),
+        block_table.stride(0) if rows else 0,
+        mask3.stride(0), mask3.stride(1), mask3.stride(2),
         stride_os, dst.stride(-3), dst.stride(-2),
         stride_ls, num_q_heads,
         GROUP=G, PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=BLOCK_D,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=has_window, SPLIT=split,
-        DOT_FP32=dot_fp32, DOT_IEEE=dot_ieee,
+        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None, SPLIT=split,
+        DOT_FP32=dot_fp32, DOT_IEEE=dot_ieee, ROWS=rows,
         num_warps=num_warps, num_stages=2,
     )
     if split:
-        _combine_splits_kernel[(n * num_q_heads,)](
+        _combine_splits_kernel[(N * num_q_heads,)](
             part, lse, out, num_splits, part.stride(0), lse.stride(0),
             HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)),

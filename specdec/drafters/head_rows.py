@@ -1,0 +1,125 @@
+"""A feature head drafting chains for every row of a batch: one head forward per draft step.
+
+FeatureHead's per-sequence loop (drafters/feature_head.py), batched the way ModelRows batches a draft
+model: the head's entries for every row live in one set of page tensors on the rows' own block tables,
+each row with its own valid length and its own FeatureLog (the target's features of that row, written
+by specdec/batch.py from the packed verification forward). A proposal is one catch-up forward over
+every drafting row's newly verified positions (rows packed, a block-diagonal mask keeps them apart:
+the head is one decoder layer, so the mask's extra work is small), then one forward per further draft
+position over the rows still drafting. The picks of all rows are read in one transfer per draft step.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..cache.paged import PagedKV
+from ..verifiers.sampling import probs_from_scores, sample
+from .base import Draft, DraftContext, DraftSetup
+from .feature_head import FeatureHead, run_head
+
+
+class HeadRows:
+    """DraftRows (and FeatureRows) for `head`'s network over the batch's page pool."""
+
+    def __init__(self, head: FeatureHead, pool):
+        self.head = head
+        self.feature_layers = head.feature_layers
+        self.device = next(head.net.parameters()).device
+        self.kv = PagedKV(pool, len(head.net.layers), self.device)
+        self.tables: list = []
+        self.valid: list[int] = []  # row -> positions [0, valid) hold the head's entries
+        self.features: list = []  # row -> its FeatureLog
+
+    def attach(self, features: list) -> None:
+        self.features = list(features)
+
+    def begin(self, setups: list[DraftSetup]) -> None:
+        if len(self.features) != len(setups):
+            raise ValueError(f"HeadRows needs one FeatureLog per row: {len(self.features)} attached for "
+                             f"{len(setups)} rows")
+        self.tables = [s.table for s in setups]
+        self.valid = [0] * len(setups)
+        prompts = [(i, s.prompt) for i, s in enumerate(setups) if s.prompt is not None and s.prompt.numel() > 1]
+        if prompts:
+            self._catch_up(prompts)
+
+    def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
+        live = [(i, ctx, k) for i, ctx, k in requests if k > 0]
+        out: dict[int, list[int]] = {i: [] for i, _, _ in requests}
+        qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
+        feats, scores = self._catch_up([(i, ctx.tokens) for i, ctx, _ in live]) if live else (None, None)
+        step = 0  # draft token step + 1's entry sits at valid + step
+        while live:
+            picks = []
+            for j, (i, ctx, _) in enumerate(live):
+                processed = ctx.process(scores[j:j + 1], ctx.tokens, [out[i]])
+                if ctx.sampling.do_sample:
+                    q = probs_from_scores(processed)
+                    qs[i].append(q[0])
+                    picks.append(sample(q, ctx.generator)[0])
+                else:
+                    picks.append(processed[0].argmax())
+            tokens = torch.stack(picks).tolist()  # the draft step's one read, every row's pick
+            keep = []
+            for j, ((i, ctx, k), x) in enumerate(zip(live, tokens)):
+                out[i].append(int(x))
+                if len(out[i]) < k:
+                    keep.append(j)
+            live = [live[j] for j in keep]
+            if not live:
+                break
+            feats = feats[keep]
+            parts = []
+            for (i, _, _), j in zip(live, keep):
+                p = self.valid[i] + step
+                self.tables[i].reserve(p + 1)
+                parts.append((i, p, p + 1, torch.ones(1, p + 1, dtype=torch.bool)))
+            x = torch.tensor([out[i][-1] for i, _, _ in live], dtype=torch.long, device=self.device)
+            feats = self._forward(parts, feats, x)
+            scores = self.head.full_scores(feats)
+            step += 1
+        drafts = []
+        for i, ctx, _ in requests:
+            q = torch.stack(qs[i]) if qs[i] else None
+            drafts.append(Draft.from_lists(out[i], None, ctx.tokens.device, q))
+        return drafts
+
+    def accept(self, row: int, num_context_tokens: int) -> None:
+        self.valid[row] = min(self.valid[row], num_context_tokens - 1)
+
+    def end(self) -> None:
+        self.tables, self.valid, self.features = [], [], []
+
+    # -- internals -------------------------------------------------------------------------------
+    def _catch_up(self, rows: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entries for positions [valid, T - 1) of each row's context tokens [T]; returns every row's last
+        entry's predicted feature [B, H] (its root's) and full-vocabulary draft scores [B, V]."""
+        parts, feats, tokens = [], [], []
+        dtype = next(self.head.net.parameters()).dtype
+        for i, ctx in rows:
+            start, end = self.valid[i], ctx.numel() - 1
+            if end <= start:  # nothing new: re-run the last entry
+                start = end - 1
+            self.tables[i].reserve(end)
+            parts.append((i, start, end, torch.ones(end - start, end, dtype=torch.bool).tril_(start)))
+            feats.append(self.features[i].rows(start, end).to(dtype))
+            tokens.append(ctx[start + 1:end + 1])
+            self.valid[i] = end
+        out = self._forward(parts, self.head.net.project(torch.cat(feats)), torch.cat(tokens).to(self.device))
+        last = torch.tensor([0] + [e - s for _, s, e, _ in parts], device=self.device).cumsum(0)[1:] - 1
+        out = out[last]
+        return out, self.head.full_scores(out)
+
+    def _forward(self, parts: list, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One head forward over packed rows: parts [(row, first, end, mask [n_i, end])] write entries
+        first .. end - 1 of each row and read that row's [0, end); feats [sum n_i, H], tokens [sum n_i]."""
+        writes, reads, positions, masks = [], [], [], []
+        for i, first, end, mask in parts:
+            slots = self.tables[i].slots(0, end)
+            writes.append(slots[first:])
+            reads.append(slots)
+            positions.append(torch.arange(first, end, device=self.device))
+            masks.append(mask)
+        mask = torch.block_diag(*masks).to(self.device) if len(masks) > 1 else masks[0].to(self.device)
+        return run_head(self.head.net, self.kv, feats, tokens, torch.cat(positions), torch.cat(writes),
+                        torch.cat(reads), mask)
