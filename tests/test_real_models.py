@@ -85,12 +85,35 @@ def test_a_padded_smollm2_batch_gives_every_row_its_own_greedy_output(smollm2):
     T = ids.shape[1]
     own = [model.generate(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.long), max_new_tokens=16,
                           do_sample=False)[0, len(r):] for r in rows]
-    for options in (dict(drafter=model, draft_length=3), dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1]))):
+    choices = [dict(drafter=model, draft_length=3), dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1]))]
+    head = specdec.zoo.head_for("smollm2-135m-instruct")
+    if head is not None:  # the shipped head, every row's chain in one head forward per draft step
+        from specdec.drafters import FeatureHead
+
+        choices.append(dict(drafter=FeatureHead.from_pretrained(specdec.zoo.path(head), model), draft_length=3))
+    for options in choices:
         out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=16, pad_token_id=pad,
                                return_dict_in_generate=True, **options)
         assert isinstance(out.stats, list) and len(out.stats) == 3
         for i, want in enumerate(own):
             assert torch.equal(out.sequences[i, T:T + want.numel()], want), (options, i)
+
+
+def test_a_padded_gemma3_batch_of_four_rows_gives_every_row_its_own_greedy_output(gemma3):
+    """Gemma 3 runs through the HF modules (sliding and global layers); from four rows the packed forward
+    lays the rows out padded: each row still equals its own unpadded greedy output."""
+    model, tok = gemma3
+    texts = ["The old lighthouse keeper looked at the sky and", "Rain fell on the harbour while",
+             "def fibonacci(n):", "The three primary colours are"]
+    rows = [tok(t)["input_ids"] for t in texts]
+    pad = tok.pad_token_id or 0
+    ids, mask = left_pad(rows, pad)
+    out = specdec.generate(model, ids, attention_mask=mask, drafter="ngram", draft_length=2, max_new_tokens=12,
+                           pad_token_id=pad, return_dict_in_generate=True)
+    for i, r in enumerate(rows):
+        want = model.generate(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.long),
+                              max_new_tokens=12, do_sample=False)[0, len(r):]
+        assert torch.equal(out.sequences[i, ids.shape[1]:ids.shape[1] + want.numel()], want), i
 
 
 @pytest.mark.parametrize("mode", ["intersection", "text"])

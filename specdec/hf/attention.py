@@ -47,7 +47,19 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         out = tree_attention(q, key, value, meta.block_table, meta.prefix_len, tree_mask, scale,
                              sliding_window=sliding_window, softcap=softcap, node_pos=meta.key_pos)
         return out[m:].unsqueeze(0), None
-    mask = meta.mask_for(sliding_window)  # [n, T] bool, True = may attend
+    if meta.rows is not None:  # a packed batch laid out padded: key/value are [B, Hkv, T_max, D]
+        rows = meta.rows
+        B, Hq, D = key.shape[0], query.shape[1], query.shape[-1]
+        qb = query[0].transpose(0, 1)[rows.q_index].view(B, -1, Hq, D).transpose(1, 2)  # [B, Hq, n_max, D]
+        out = _attend(qb, key, value, rows.mask_for(sliding_window), scale, softcap)  # [B, Hq, n_max, D]
+        return out.transpose(1, 2).reshape(-1, Hq, D)[rows.out_index].unsqueeze(0), None
+    out = _attend(query, key, value, meta.mask_for(sliding_window), scale, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(query, key, value, mask, scale, softcap):
+    """query [b, Hq, n, D], key/value [b, Hkv, T, D], mask broadcastable to [b, Hq, n, T] bool (True = may
+    attend) -> [b, Hq, n, D]."""
     if softcap is None:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
                                              enable_gqa=query.shape[1] != key.shape[1])
@@ -60,7 +72,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(probs, v)
-    return out.transpose(1, 2).contiguous(), None
+    return out
 
 
 def _no_mask(*args, **kwargs):

@@ -9,9 +9,10 @@ over every row's own pages in one launch per layer (kernels/tree_rows.py). On th
 attention runs through hf/lean.py's loop where the model passes its bit-exactness probe, else the HF
 modules over a dense block-diagonal mask.
 
-Cost on the torch path: the dense mask is [sum n_i, sum T_i], so attention does B times the work a
-per-row kernel would (the lean loop lays rows out padded from PADDED_FROM rows instead); weights are
-read once for all rows, which is what a batch is for on memory-bound hardware.
+Cost on the torch path: below PADDED_FROM rows the dense mask is [sum n_i, sum T_i], so attention does
+B times the work a per-row kernel would; from PADDED_FROM rows they are laid out padded instead
+([B, n_max, T_max], RowLayout), through the lean loop and the HF modules alike. Weights are read once
+for all rows, which is what a batch is for on memory-bound hardware.
 """
 from __future__ import annotations
 
@@ -105,9 +106,9 @@ class BatchRunner:
                             kernel_rows=KernelRows.build([row.table.pages for row in rows], [row.start for row in rows],
                                                          trees, positions, dev))
         else:
-            # the lean loop attends row by row in one call from PADDED_FROM rows (B x less work than the
-            # block mask, which it then never reads); otherwise every row's block goes on one mask's diagonal
-            padded = self.lean is not None and len(rows) >= PADDED_FROM
+            # from PADDED_FROM rows attention runs row by row in one call (B x less work than the block
+            # mask, which is then never built); otherwise every row's block goes on one mask's diagonal
+            padded = len(rows) >= PADDED_FROM
             meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
                             tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=positions,
                             full_mask=None if padded else torch.block_diag(*blocks), read_pos=torch.cat(k_pos),

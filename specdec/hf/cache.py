@@ -139,6 +139,8 @@ class PagedCache(Cache):
         self.kv.write(layer_idx, meta.write_slots, key_states, value_states)
         if meta.kernel:
             return self.kv.pages_view(layer_idx)
+        if meta.rows is not None:  # a packed batch laid out padded: [B, Hkv, T_max, D]
+            return self.kv.gather_rows(layer_idx, meta.rows.k_slots)
         return self.kv.gather(layer_idx, meta.read_slots)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
