@@ -13,7 +13,7 @@ prompts. Throughput counts each row's real new tokens (up to and including its E
 the batch. specdec's rows must equal the loop's (each row's own unpadded generation); HF's padded
 batch may differ from them where left padding changes a row's float rounding, counted as `differs`.
 
-    python benchmarks/batches.py [--target smollm2-135m-instruct] [--drafter ngram | ZOO_DRAFT_NAME]
+    python benchmarks/batches.py [--target smollm2-135m-instruct] [--drafter ngram | ZOO_DRAFT | ZOO_HEAD]
         [--sizes 1 2 4 8] [--max-new-tokens 64] [--rounds 2] [--out ...]
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def real_new(seq: torch.Tensor, T: int, eos: set[int], n: int) -> list[list[int]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m-instruct")
-    ap.add_argument("--drafter", default="ngram", help="'ngram' or a zoo draft model's name")
+    ap.add_argument("--drafter", default="ngram", help="'ngram', a zoo draft model's name or a zoo head's")
     ap.add_argument("--sizes", type=int, nargs="*", default=[1, 2, 4, 8])
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -67,7 +67,14 @@ def main() -> None:
         prompts = load_prompts(tok, None, 8)
         source = "the zoo's 8 held-out prompts"
     rows = [p[0].tolist() for p in prompts]
-    drafter = a.drafter if a.drafter == "ngram" else specdec.zoo.load(a.drafter)[0]
+    if a.drafter == "ngram":
+        drafter = a.drafter
+    elif a.drafter in specdec.zoo.heads():  # a feature head for this target
+        from specdec.drafters import FeatureHead
+
+        drafter = FeatureHead.from_pretrained(specdec.zoo.path(a.drafter), target)
+    else:
+        drafter = specdec.zoo.load(a.drafter)[0]
     batched = specdec.wrap(target, drafter=drafter)
     looped = specdec.wrap(target, drafter=drafter)
 

@@ -4,7 +4,7 @@ Each row is its own sequence on the shared page pool: its own block table (holdi
 tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own
 acceptance tracker and logits pipeline, and its own drafter instance (RowDrafter.for_row: shared
 weights, per-row state), or its place in a drafter that drafts every row in one forward per draft step
-(BatchDrafter.for_batch: a draft model's or a feature head's chains). A feature head reads each row's
+(BatchDrafter.for_batch: a draft model's or a feature head's chains and trees, one forward per depth). A feature head reads each row's
 own FeatureLog, which the packed forwards fill as the single-sequence engine's do.
 
 A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the
@@ -37,7 +37,7 @@ from .policy.batch import BatchPlanner
 from .policy.simple import ConstantPolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
-from .step import Limits, compact_path, emitting_rows, node_paths, pick_token, propose_tree, stops_at, verify
+from .step import Limits, check_tree, compact_path, emitting_rows, node_paths, pick_token, stops_at, verify
 from .transfer import to_device
 from .tree import ancestor_mask_with_root, depth_list, is_chain
 from .verifiers.sampling import SamplingParams
@@ -102,8 +102,8 @@ class PerRowDrafts:
     def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
         return [self.drafters[i].propose(ctx, k) for i, ctx, k in requests]
 
-    def propose_tree(self, row: int, ctx: DraftContext, spec, vocab: int, device):
-        return propose_tree(self.drafters[row], ctx, spec, spec.nodes, vocab, device)
+    def propose_trees(self, requests: list) -> list[Draft]:
+        return [self.drafters[i].propose_tree(ctx, spec, budget) for i, ctx, spec, budget in requests]
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.drafters[row].accept(num_context_tokens)
@@ -114,10 +114,11 @@ class PerRowDrafts:
 
 
 def draft_rows(engine: Engine, pool, rows: int, features: list | None) -> DraftRows:
-    """The batch's drafting: chains from a BatchDrafter in one forward per draft step, else (and for
-    trees) one drafter per row. features: each row's FeatureLog (a drafter that reads features), or None."""
+    """The batch's drafting: chains and trees from a BatchDrafter in one forward per draft step (per
+    depth, for trees), else one drafter per row. features: each row's FeatureLog (a drafter that reads
+    features), or None."""
     drafter = engine.drafter
-    if engine.tree is None and isinstance(drafter, BatchDrafter):
+    if isinstance(drafter, BatchDrafter):
         together = drafter.for_batch(pool)
         if together is not None:
             if isinstance(together, FeatureRows):
@@ -236,10 +237,12 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
     contexts = [DraftContext(tokens=row.context[:len(row.tokens)], sampling=sampling, generator=generator,
                              process=row.pipeline) for row in live]
     asked = [j for j, k in enumerate(ks) if k > 0] if drafts is not None else []
-    if engine.tree is not None:
-        for j in asked:
-            draft, toks, par, _ = drafts.propose_tree(live[j].index, contexts[j], engine.tree.limited(ks[j]),
-                                                      engine.vocab_size, engine.device)
+    if engine.tree is not None and asked:
+        specs = {j: engine.tree.limited(ks[j]) for j in asked}
+        trees = drafts.propose_trees([(live[j].index, contexts[j], specs[j], specs[j].nodes) for j in asked])
+        for j, draft in zip(asked, trees):
+            draft, toks, par, _ = check_tree(engine.drafter, draft, specs[j], specs[j].nodes, engine.vocab_size,
+                                             engine.device)
             proposed[j] = (draft, toks, par)
     elif asked:
         chains = drafts.propose([(live[j].index, contexts[j], ks[j]) for j in asked])

@@ -81,7 +81,12 @@ def propose_tree(drafter, ctx: DraftContext, spec: TreeSpec, nodes: int, vocab: 
     tokens, parents and scores as lists (check_draft)."""
     if nodes <= 0:
         return Draft.empty(device), [], [], None
-    draft = drafter.propose_tree(ctx, spec, nodes)
+    return check_tree(drafter, drafter.propose_tree(ctx, spec, nodes), spec, nodes, vocab, device)
+
+
+def check_tree(drafter, draft: Draft, spec: TreeSpec, nodes: int, vocab: int, device):
+    """A proposed tree checked (check_draft: `drafter` names the culprit) and pruned to the spec's depth:
+    (draft, tokens, parents, scores) as propose_tree returns them."""
     toks, par, node_scores = check_draft(drafter, draft, nodes, vocab)
     keep = [i for i, d in enumerate(depth_list(par)) if d <= spec.depth]  # ancestor-closed
     if len(keep) < len(toks):  # lookup branches may run deeper than the spec allows

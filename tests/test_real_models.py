@@ -59,6 +59,11 @@ DRAFTERS = {
 }
 
 
+# Gemma 3 (twice SmolLM2's cost per token) runs one of each kind: plain, lookup, self draft, early exit, trees
+GEMMA3_DRAFTERS = ("plain", "ngram adaptive", "self k=3", "early exit k=2", "self static tree",
+                   "early exit dynamic tree")
+
+
 @pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
 def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, request):
     model, tok = request.getfixturevalue(model_name)
@@ -66,6 +71,8 @@ def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, reque
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
     assert ref.shape[1] - ids.shape[1] >= 24  # a real continuation, not an immediate EOS
     for label, options in DRAFTERS.items():
+        if model_name == "gemma3" and label not in GEMMA3_DRAFTERS:
+            continue
         out = specdec.generate(model, ids, max_new_tokens=NEW, return_dict_in_generate=True, **options(model))
         assert torch.equal(out.sequences, ref), (model_name, label, tok.decode(out.sequences[0, ids.shape[1]:]))
         if label.startswith("self k"):  # the model drafting for itself: every drafted token is accepted
@@ -162,21 +169,20 @@ def test_cli_chat_streams_an_answer_with_the_status_line(smollm2):
     assert len(r.stdout.split("[")[0].split()) >= 8  # the answer itself, before the status line
 
 
-def test_materialised_weights_equal_the_gguf_bit_for_bit(smollm2):
+def test_materialising_is_exact_and_an_interrupted_one_leaves_nothing_behind(smollm2, tmp_path, monkeypatch):
+    """Materialising again into an empty home, interrupted after the safetensors are written (not yet
+    verified nor renamed): nothing is left behind. The weights it loaded from the GGUF with transformers'
+    own loader equal the materialised model's bit for bit."""
     from transformers import AutoModelForCausalLM
 
-    model, _ = smollm2
-    (gguf,) = real.gguf_parts("smollm2-135m-instruct")
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    mine, theirs = model.state_dict(), direct.state_dict()
-    assert mine.keys() == theirs.keys()
-    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
-
-
-def test_an_interrupted_materialisation_leaves_nothing_behind(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     name = "smollm2-135m-instruct"
-    calls = []
+    calls, loaded = [], []
+    load = AutoModelForCausalLM.from_pretrained
+
+    def keep(*args, **kwargs):
+        loaded.append(load(*args, **kwargs))
+        return loaded[-1]
 
     def interrupt_after_saving(self):
         calls.append(self.names[self.i])  # the stage that just finished
@@ -184,12 +190,18 @@ def test_an_interrupted_materialisation_leaves_nothing_behind(smollm2, tmp_path,
             raise KeyboardInterrupt
         self.i += 1
 
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", keep)
     monkeypatch.setattr(real._Stages, "next", interrupt_after_saving)
     with pytest.raises(KeyboardInterrupt):
         specdec.zoo.path(name)
     assert calls == ["load weights (dequantize)", "load tokenizer", "save safetensors"]
     assert specdec.zoo.status(name) == "installed"
     assert list((tmp_path / "models").iterdir()) == []
+    model, _ = smollm2  # materialised before this test, from the same GGUF
+    (direct,) = loaded
+    mine, theirs = model.state_dict(), direct.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 @pytest.mark.parametrize("kw", [dict(draft_length=3), dict(), dict(tree=specdec.TreeSpec.dynamic(nodes=16, depth=5,

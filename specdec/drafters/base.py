@@ -193,11 +193,13 @@ class RowDrafter(Drafter, Protocol):
 
 @runtime_checkable
 class DraftRows(Protocol):
-    """Drafting chains for the rows of a batch together (specdec/batch.py); rows are numbered as the
-    batch's requests.
+    """Drafting for the rows of a batch together (specdec/batch.py); rows are numbered as the batch's
+    requests.
 
     begin(setups): one DraftSetup per row, after the target's prefill (the drafter's own prefill)
     propose(requests): [(row, DraftContext, budget)] -> one chain Draft per request, in that order
+    propose_trees(requests): [(row, DraftContext, TreeSpec, budget)] -> one tree Draft per request (at
+        most `budget` nodes in the spec's shape, as TreeDrafter.propose_tree)
     accept(row, num_context_tokens): that row's committed context now has this many tokens
     end(): the batch is over (also on exceptions)
     """
@@ -205,6 +207,8 @@ class DraftRows(Protocol):
     def begin(self, setups: list) -> None: ...
 
     def propose(self, requests: list) -> list: ...
+
+    def propose_trees(self, requests: list) -> list: ...
 
     def accept(self, row: int, num_context_tokens: int) -> None: ...
 

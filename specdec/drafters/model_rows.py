@@ -6,12 +6,16 @@ catch-up forward (each drafting row runs the tokens it has not seen yet: at leas
 one forward per further draft position over the rows still drafting; rows with shorter budgets drop
 out. Each row's logits are processed with its own pipeline and prefix, and the step's picks of all rows
 are read in one transfer. As in ModelDrafter the last drafted token is not run: the next catch-up does.
+Trees: the same catch-up, then one forward per depth over every row's frontier (ModelDrafter's
+propose_tree, batched).
 """
 from __future__ import annotations
 
 import torch
 
 from ..hf.batch_runner import BatchRunner, RowForward
+from ..transfer import to_device
+from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores, sample
 from .base import Draft, DraftContext, DraftSetup
 
@@ -66,6 +70,51 @@ class ModelRows:
         for i, ctx, _ in requests:
             q = torch.stack(qs[i]) if qs[i] else None
             drafts.append(Draft.from_lists(out[i], None, ctx.tokens.device, q))
+        return drafts
+
+    def propose_trees(self, requests: list[tuple[int, DraftContext, TreeSpec, int]]) -> list[Draft]:
+        """ModelDrafter.propose_tree for every row at once: one catch-up forward (each row's last logits
+        row is its root's distribution), then one forward per depth over every growing row's frontier,
+        written as scratch past the row's valid KV (a row's block: its m earlier nodes, then these)."""
+        growers = {i: TreeGrower(spec, budget) for i, _, spec, budget in requests}
+        live = [(i, ctx) for i, ctx, _, _ in requests if growers[i].budget > 0]
+        written: dict[int, list[int]] = {i: [] for i, _ in live}  # grower ids with KV in the row's block
+        frontier: dict[int, list[int]] = {}
+        if live:
+            logits = self.runner.forward([RowForward(self.tables[i], self.valid[i], ctx.tokens[self.valid[i]:],
+                                                     logits_rows=1) for i, ctx in live])
+            for (i, ctx), lg in zip(live, logits):
+                self.valid[i] = ctx.tokens.numel()
+                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(lg, ctx.tokens, [[]])))
+        while True:
+            growing = [(i, ctx) for i, ctx in live if frontier[i] and growers[i].level < growers[i].spec.depth]
+            if not growing:
+                break
+            forwards, paths = [], {}
+            for i, ctx in growing:
+                g, block = growers[i], written[i]
+                m, f = len(block), len(frontier[i])
+                mask = torch.zeros(f, m + f, dtype=torch.bool)
+                slot = {a: j for j, a in enumerate(block)}
+                paths[i] = []
+                for r, node in enumerate(frontier[i]):
+                    path = g.path(node)
+                    mask[r, [slot[a] for a in path[:-1]]] = True
+                    mask[r, m + r] = True
+                    paths[i].append([g.tokens[a] for a in path])
+                block.extend(frontier[i])
+                root = self.valid[i] - 1
+                device = ctx.tokens.device
+                forwards.append(RowForward(
+                    self.tables[i], self.valid[i] + m, to_device([g.tokens[a] for a in frontier[i]], torch.long, device),
+                    to_device([root + g.depth[a] for a in frontier[i]], torch.long, device), mask.to(device),
+                    block_pos=to_device([root + g.depth[a] for a in block], torch.long, device)))
+            for (i, ctx), lg in zip(growing, self.runner.forward(forwards)):
+                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(lg, ctx.tokens, paths[i])))
+        drafts = []
+        for i, ctx, _, _ in requests:
+            toks, parents = growers[i].result()
+            drafts.append(Draft.from_lists(toks, parents, ctx.tokens.device, scores=growers[i].kept_scores))
         return drafts
 
     def accept(self, row: int, num_context_tokens: int) -> None:

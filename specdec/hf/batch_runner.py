@@ -42,7 +42,11 @@ class RowForward:
     """One row's part of a packed forward.
 
     table: the row's BlockTable; start: its committed KV length (the new tokens go to start .. start+n-1);
-    tokens [n] int64; positions [n] int64 (None: start + arange(n)); tree_mask [n, n] bool (None: causal);
+    tokens [n] int64; positions [n] int64 (None: start + arange(n)); tree_mask [n, b] bool (None: causal):
+    which of the row's last b key positions (start + n - b .. start + n - 1) each new token sees, b >= n:
+    b = n for a step's tokens, b > n for a draft model's tree grown one depth per forward (the m = b - n
+    nodes written by earlier forwards sit right before these; the kernel path takes b = n only);
+    block_pos [b] int64: the positions of those b keys (needed when b > n, for sliding windows);
     logits_rows: None (all n rows) or an int r (the last r)."""
 
     table: BlockTable
@@ -51,6 +55,7 @@ class RowForward:
     positions: torch.Tensor | None = None
     tree_mask: torch.Tensor | None = None
     logits_rows: int | None = None
+    block_pos: torch.Tensor | None = None
 
 
 class BatchRunner:
@@ -91,11 +96,17 @@ class BatchRunner:
             writes.append(row.table.slots(start, start + n))
             q_pos.append(pos)
             tree = row.tree_mask.to(dev) if row.tree_mask is not None else causal_mask(n, dev)
+            b = tree.shape[1]
+            if b < n or b > start + n or (self.kernel and b != n) or (b > n and row.block_pos is None):
+                raise ValueError(f"a row's tree_mask must be [n, b] with n = {n} <= b <= start + n = {start + n}"
+                                 f"{' and b = n on the kernel path' if self.kernel else ''}, and b > n needs "
+                                 f"block_pos; got {tuple(tree.shape)}")
             trees.append(tree)
             if dense:
                 reads.append(row.table.slots(0, start + n))
-                k_pos.append(torch.cat([torch.arange(start, device=dev), pos]))
-                blocks.append(torch.cat([torch.ones(n, start, dtype=torch.bool, device=dev), tree], dim=1))
+                block = pos if b == n else row.block_pos.to(dev)
+                k_pos.append(torch.cat([torch.arange(start + n - b, device=dev), block]))
+                blocks.append(torch.cat([torch.ones(n, start + n - b, dtype=torch.bool, device=dev), tree], dim=1))
             r = n if row.logits_rows is None else row.logits_rows
             keep.extend(range(offset + n - r, offset + n))
             offset += n
