@@ -186,7 +186,7 @@ class Engine:
         stats = SpecStats(prompt_tokens=T)
         stats.reused_prompt_tokens = target.valid
         draft_model = self.drafter.model if isinstance(self.drafter, ModelBackedDrafter) else None
-        began = False
+        began = ready = False  # the drafter's begin() was called (end() is owed) / returned (accept() is valid)
         tokens = None
         try:
             with specdec_attention(self.target, draft_model):
@@ -215,6 +215,7 @@ class Engine:
                         self.drafter.attach(features)
                     self.drafter.begin(DraftSetup(table, prompt, self.reused_tokens, self.target, target.kv,
                                                   self.kernel))
+                    ready = True
                     stats.prefill_s += time.perf_counter() - t_draft
                 done = stops_at(tokens, T, limits, scores[:1])
                 self.policy.begin_sequence()
@@ -230,8 +231,10 @@ class Engine:
             if self.keep_cache and tokens is not None:
                 # keep exactly the committed tokens' KV (also after an interrupt: the partial answer stays)
                 target.rollback(len(tokens) - 1)
-                if began:
+                if ready:
                     self.drafter.accept(len(tokens))
+                elif began:  # interrupted inside begin(): drop the drafter's state, the next turn begins afresh
+                    self.drafter.end()
                 table.truncate(target.valid)
                 if features is not None:
                     features.rollback(target.valid)
