@@ -245,9 +245,9 @@ def test_a_shipped_head_drafts_a_batch_and_every_row_keeps_its_own_greedy_output
         want = target.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None)[0, ids.shape[1]:]
         assert torch.equal(out.sequences[i, enc.input_ids.shape[1]:], want), i
     assert all(s.accepted_tokens > 0 for s in out.stats)
-    # its prefill (every row's prompt), then per step one catch-up and at most 3 more forwards for all rows
+    # per step one catch-up (the first: every row's whole prompt) and at most 3 more forwards for all rows
     steps = out.batch_stats.target_forwards
-    assert calls and calls[0] > 4 and len(calls) <= 1 + 4 * steps
+    assert calls and calls[0] > 4 and len(calls) <= 4 * steps
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"], ids=["lean loop", "HF modules"])

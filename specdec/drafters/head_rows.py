@@ -42,10 +42,7 @@ class HeadRows:
             raise ValueError(f"HeadRows needs one FeatureLog per row: {len(self.features)} attached for "
                              f"{len(setups)} rows")
         self.tables = [s.table for s in setups]
-        self.valid = [0] * len(setups)
-        prompts = [(i, s.prompt) for i, s in enumerate(setups) if s.prompt is not None and s.prompt.numel() > 1]
-        if prompts:
-            self._catch_up(prompts)
+        self.valid = [0] * len(setups)  # no prefill: a row's first proposal catches up (as ModelRows)
 
     def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
         live = [(i, ctx, k) for i, ctx, k in requests if k > 0]

@@ -29,12 +29,10 @@ class ModelRows:
         self.valid: list[int] = []
 
     def begin(self, setups: list[DraftSetup]) -> None:
+        """Bind the rows' tables. No prefill here: a row's first proposal catches up on its whole context,
+        so a row the planner never drafts for (plain batched decoding) never costs a draft forward."""
         self.tables = [s.table for s in setups]
         self.valid = [0] * len(setups)
-        prompts = [(i, s.prompt) for i, s in enumerate(setups) if s.prompt is not None and s.prompt.numel()]
-        self.runner.forward([RowForward(self.tables[i], 0, p, logits_rows=1) for i, p in prompts])
-        for i, p in prompts:
-            self.valid[i] = p.numel()
 
     def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
         live = [(i, ctx, k) for i, ctx, k in requests if k > 0]

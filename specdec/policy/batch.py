@@ -14,6 +14,11 @@ acceptance probability prod_{j <= k_i + 1} alpha_ij (the expected gain of that t
 as k_i grows) and keep the best plan on that path. All zeros is the fallback when speculation stops
 paying. Until costs are measured, verification is priced flat (the optimistic, memory-bound prior of
 CostModel), so the first steps draft and measure.
+
+Probes: every `probe_every` steps a drafting plan is halved, and plain decoding drafts `probe_length`
+tokens per row, or it would never learn again. A probe from plain decoding costs the whole batch a draft
+forward; while probes keep finding that speculation does not pay, the interval doubles (up to
+`max_probe_every`), and it returns to `probe_every` as soon as a plan drafts.
 """
 from __future__ import annotations
 
@@ -25,13 +30,17 @@ class BatchPlanner:
     """max_length: the longest draft for any row; fixed: every row drafts exactly this many (a constant
     draft_length), the trackers and costs still record what happened."""
 
-    def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8, probe_length: int = 2):
+    def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8, probe_length: int = 2,
+                 max_probe_every: int = 64):
         if max_length < 0 or (fixed is not None and fixed < 0):
             raise ValueError(f"draft lengths must be >= 0, got max_length={max_length}, fixed={fixed}")
         self.max_length = int(max_length)
         self.fixed = fixed
         self.probe_every = probe_every
+        self.max_probe_every = max(probe_every, max_probe_every)
         self.probe_length = min(probe_length, self.max_length)
+        self.interval = probe_every  # steps between probes now (doubles while plain decoding keeps winning)
+        self._since_probe = 0
         self.costs = CostModel()
         self.history: list[list[int]] = []  # the lengths planned, step by step (for reports)
 
@@ -44,9 +53,18 @@ class BatchPlanner:
             ks = [min(self.fixed, cap) for cap in caps]
         else:
             ks = self._greedy(trackers, [min(self.max_length, cap) for cap in caps])
-            if self.probe_every and len(self.history) % self.probe_every == self.probe_every - 1:
+            drafting = any(ks)
+            if drafting:
+                self.interval = self.probe_every
+            self._since_probe += 1
+            if self.probe_every and self._since_probe >= self.interval:
                 # a plan that drafts is halved; plain decoding drafts a little, or it would never learn again
-                ks = [k // 2 for k in ks] if any(ks) else [min(self.probe_length, cap) for cap in caps]
+                self._since_probe = 0
+                if drafting:
+                    ks = [k // 2 for k in ks]
+                else:
+                    ks = [min(self.probe_length, cap) for cap in caps]
+                    self.interval = min(2 * self.interval, self.max_probe_every)
         self.history.append(ks)
         return ks
 
