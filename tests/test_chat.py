@@ -5,6 +5,7 @@ Driven three ways: the Python session, piped stdin, and a pseudo-terminal with C
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -128,6 +129,11 @@ def _read_until(fd, needle, timeout=120, stop=None):
 def test_ctrl_c_stops_the_answer_and_keeps_the_session():
     pid, fd = pty.fork()
     if pid == 0:  # child: the chat on a real terminal
+        # an ignored or blocked SIGINT survives exec (an ignored one makes Python install no KeyboardInterrupt
+        # handler), and the test process may have either (seen inside a pytest-xdist worker): give the chat
+        # what a shell gives it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.execvp(sys.executable, [sys.executable, "-m", "specdec.cli", "chat", "--drafter", "draft-tiny",
                                    "--max-new-tokens", "400", "--threads", "1", "--no-status"])
     try:
@@ -141,7 +147,8 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session():
             if b"[interrupted]" in seen:
                 break
             # on a loaded machine the answer may have reached its EOS before the signal: ask again
-        assert b"[interrupted]" in seen
+        assert b"[interrupted]" in seen, (f"SIGINT in the test process: {signal.getsignal(signal.SIGINT)}, blocked "
+                                          f"{signal.pthread_sigmask(signal.SIG_BLOCK, [])}", seen[-400:])
         os.write(fd, b"/stats\n")  # the session is alive and answers commands (no finished answer yet)
         assert b"[no answer yet]" in _read_until(fd, b"[no answer yet]")
         os.write(fd, b"/quit\n")
