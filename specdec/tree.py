@@ -233,6 +233,23 @@ class TreeGrower:
         """Ids from the root's child down to `node` (inclusive)."""
         return path_to(self.parents, node)
 
+    def frontier_block(self, frontier: list[int], written: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """What the forward over `frontier` needs: mask [f, m + f] bool over the tree block (the m = len(written)
+        nodes earlier forwards wrote, in block order, then the frontier itself), row r seeing node r's
+        ancestors and itself; and each frontier node's token path from the root. Appends the frontier to
+        `written` (its nodes now have KV in the block)."""
+        m, f = len(written), len(frontier)
+        slot = {a: j for j, a in enumerate(written)}
+        mask = torch.zeros(f, m + f, dtype=torch.bool)
+        paths = []
+        for r, node in enumerate(frontier):
+            path = self.path(node)
+            mask[r, [slot[a] for a in path[:-1]]] = True
+            mask[r, m + r] = True
+            paths.append([self.tokens[a] for a in path])
+        written.extend(frontier)
+        return mask, paths
+
     def expand(self, q: torch.Tensor) -> list[int]:
         """q: [len(frontier), V] probabilities of the frontier nodes' next token. Adds each frontier
         node's top-`width` children (zero-probability tokens are never proposed) and returns the next

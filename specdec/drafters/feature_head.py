@@ -135,21 +135,11 @@ class FeatureHead:
         frontier = grower.expand(probs_from_scores(ctx.process(scores, ctx.tokens, [[]])))
         base = self.kv.valid  # a depth-d node's entry sits at position base + d - 1
         written: list[int] = []
-        slot: dict[int, int] = {}
         pred: dict[int, torch.Tensor] = {-1: root_feat[0]}  # node -> its predicted feature [H]
         while frontier and grower.level < spec.depth:
             m, f = len(written), len(frontier)
-            mask = torch.zeros(f, base + m + f, dtype=torch.bool)
-            mask[:, :base] = True
-            paths = []
-            for row, node in enumerate(frontier):
-                path = grower.path(node)
-                mask[row, [base + slot[a] for a in path[:-1]]] = True
-                mask[row, base + m + row] = True
-                paths.append([grower.tokens[a] for a in path])
-            for node in frontier:
-                slot[node] = len(written)
-                written.append(node)
+            tree, paths = grower.frontier_block(frontier, written)
+            mask = torch.cat([torch.ones(f, base, dtype=torch.bool), tree], dim=1)  # the entries before: all seen
             self.table.reserve(base + m + f)
             slots = self.table.slots(0, base + m + f)
             feats = torch.stack([pred[grower.parents[a]] for a in frontier])

@@ -107,16 +107,8 @@ class HeadRows:
             for i, ctx in growing:
                 g, block, base = growers[i], written[i], self.valid[i]
                 m, f = len(block), len(frontier[i])
-                mask = torch.zeros(f, base + m + f, dtype=torch.bool)
-                mask[:, :base] = True
-                slot = {a: j for j, a in enumerate(block)}
-                paths[i] = []
-                for r, node in enumerate(frontier[i]):
-                    path = g.path(node)
-                    mask[r, [base + slot[a] for a in path[:-1]]] = True
-                    mask[r, base + m + r] = True
-                    paths[i].append([g.tokens[a] for a in path])
-                block.extend(frontier[i])
+                tree, paths[i] = g.frontier_block(frontier[i], block)
+                mask = torch.cat([torch.ones(f, base, dtype=torch.bool), tree], dim=1)  # the entries before: all seen
                 self.tables[i].reserve(base + m + f)
                 positions = [base + g.depth[a] - 1 for a in frontier[i]]
                 parts.append((i, base + m, base + m + f, mask, positions))

@@ -121,21 +121,10 @@ class ModelDrafter:
         frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, [[]])))
         root_pos = runner.valid - 1
         written: list[int] = []  # grower ids with KV in the scratch block, in block order
-        slot: dict[int, int] = {}  # grower id -> its index in the block
         while frontier and grower.level < spec.depth:
-            m, f = len(written), len(frontier)
-            mask = torch.zeros(f, m + f, dtype=torch.bool)
-            paths = []
-            for row, node in enumerate(frontier):
-                path = grower.path(node)
-                mask[row, [slot[a] for a in path[:-1]]] = True
-                mask[row, m + row] = True
-                paths.append([grower.tokens[a] for a in path])
-            for node in frontier:
-                slot[node] = len(written)
-                written.append(node)
-            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
             tokens = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long, device=device)
+            mask, paths = grower.frontier_block(frontier, written)
+            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
             logits = runner.forward_tree(tokens, block_pos, mask.to(device))
             frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, paths)))
         toks, parents = grower.result()

@@ -91,16 +91,8 @@ class ModelRows:
             forwards, paths = [], {}
             for i, ctx in growing:
                 g, block = growers[i], written[i]
-                m, f = len(block), len(frontier[i])
-                mask = torch.zeros(f, m + f, dtype=torch.bool)
-                slot = {a: j for j, a in enumerate(block)}
-                paths[i] = []
-                for r, node in enumerate(frontier[i]):
-                    path = g.path(node)
-                    mask[r, [slot[a] for a in path[:-1]]] = True
-                    mask[r, m + r] = True
-                    paths[i].append([g.tokens[a] for a in path])
-                block.extend(frontier[i])
+                m = len(block)
+                mask, paths[i] = g.frontier_block(frontier[i], block)
                 root = self.valid[i] - 1
                 device = ctx.tokens.device
                 forwards.append(RowForward(
