@@ -280,12 +280,12 @@ def test_a_batch_hands_every_rows_head_that_rows_own_features(monkeypatch, arch)
 def test_sampling_a_batch_with_a_head_follows_the_target(monkeypatch, lossy):
     """Two rows of the same prompt drafted by HeadRows: every row's tokens fit the target's joint
     distribution; a variant whose head picks its argmax but reports its sampled q fails."""
-    import specdec.drafters.head_rows as head_rows
+    import specdec.drafters.model_rows as model_rows  # the batched pick HeadRows and ModelRows share
 
     target = tiny_vocab_model(V, seed=0, scale=4.0)
     head = FeatureHead(random_head(target, seed=1, draft_vocab=3, scale=3.0).net, target)
     if lossy:
-        monkeypatch.setattr(head_rows, "sample", lambda q, generator=None: q.argmax(-1))
+        monkeypatch.setattr(model_rows, "sample", lambda q, generator=None: q.argmax(-1))
     exact = _joint(target)
     spec = specdec.wrap(target, drafter=head, draft_length=2)
     prompt = torch.tensor([[0, 1, 2]]).repeat(2, 1)

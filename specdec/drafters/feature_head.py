@@ -76,7 +76,7 @@ class FeatureHead:
         return row
 
     def for_batch(self, pool):
-        """Every row's chain drafted in one head forward per draft step (HeadRows)."""
+        """Every row's chain or tree drafted in one head forward per draft position (HeadRows)."""
         from .head_rows import HeadRows
 
         return HeadRows(self, pool)

@@ -17,9 +17,10 @@ import torch
 from ..cache.paged import PagedKV
 from ..transfer import to_device
 from ..tree import TreeGrower, TreeSpec
-from ..verifiers.sampling import probs_from_scores, sample
+from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
 from .feature_head import FeatureHead, run_head
+from .model_rows import chain_drafts, pick_rows, tree_drafts
 
 
 class HeadRows:
@@ -51,21 +52,8 @@ class HeadRows:
         feats, scores = self._catch_up([(i, ctx.tokens) for i, ctx, _ in live]) if live else (None, None)
         step = 0  # draft token step + 1's entry sits at valid + step
         while live:
-            picks = []
-            for j, (i, ctx, _) in enumerate(live):
-                processed = ctx.process(scores[j:j + 1], ctx.tokens, [out[i]])
-                if ctx.sampling.do_sample:
-                    q = probs_from_scores(processed)
-                    qs[i].append(q[0])
-                    picks.append(sample(q, ctx.generator)[0])
-                else:
-                    picks.append(processed[0].argmax())
-            tokens = torch.stack(picks).tolist()  # the draft step's one read, every row's pick
-            keep = []
-            for j, ((i, ctx, k), x) in enumerate(zip(live, tokens)):
-                out[i].append(int(x))
-                if len(out[i]) < k:
-                    keep.append(j)
+            pick_rows(live, scores.split(1), out, qs)
+            keep = [j for j, (i, _, k) in enumerate(live) if len(out[i]) < k]
             live = [live[j] for j in keep]
             if not live:
                 break
@@ -79,11 +67,7 @@ class HeadRows:
             feats = self._forward(parts, feats, x)
             scores = self.head.full_scores(feats)
             step += 1
-        drafts = []
-        for i, ctx, _ in requests:
-            q = torch.stack(qs[i]) if qs[i] else None
-            drafts.append(Draft.from_lists(out[i], None, ctx.tokens.device, q))
-        return drafts
+        return chain_drafts(requests, out, qs)
 
     def propose_trees(self, requests: list[tuple[int, DraftContext, TreeSpec, int]]) -> list[Draft]:
         """FeatureHead.propose_tree (EAGLE-2) for every row at once: one catch-up forward, then one head
@@ -123,11 +107,7 @@ class HeadRows:
                     pred[i][node] = out[at + r]
                 frontier[i] = growers[i].expand(probs_from_scores(ctx.process(scores[at:at + f], ctx.tokens, paths[i])))
                 at += f
-        drafts = []
-        for i, ctx, _, _ in requests:
-            toks, parents = growers[i].result()
-            drafts.append(Draft.from_lists(toks, parents, ctx.tokens.device, scores=growers[i].kept_scores))
-        return drafts
+        return tree_drafts(requests, growers)
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.valid[row] = min(self.valid[row], num_context_tokens - 1)

@@ -20,6 +20,42 @@ from ..verifiers.sampling import probs_from_scores, sample
 from .base import Draft, DraftContext, DraftSetup
 
 
+def pick_rows(live: list[tuple[int, DraftContext, int]], scores, out: dict, qs: dict) -> list[int]:
+    """One draft step's picks for every drafting row: row i's draft scores [1, V] (scores, in live's
+    order) processed like its target rows (its prefix and the tokens out[i] drafted so far), then the
+    argmax, or a sample whose q is appended to qs[i]. Every row's pick is read in one transfer, appended to
+    out[i] and returned. live: [(row, DraftContext, budget)]. ModelRows and HeadRows share it."""
+    picks = []
+    for (i, ctx, _), lg in zip(live, scores):
+        processed = ctx.process(lg, ctx.tokens, [out[i]])
+        if ctx.sampling.do_sample:
+            q = probs_from_scores(processed)
+            qs[i].append(q[0])
+            picks.append(sample(q, ctx.generator)[0])
+        else:
+            picks.append(processed[0].argmax())
+    tokens = [int(x) for x in torch.stack(picks).tolist()]  # the draft step's one read
+    for (i, _, _), x in zip(live, tokens):
+        out[i].append(x)
+    return tokens
+
+
+def chain_drafts(requests: list, out: dict, qs: dict) -> list[Draft]:
+    """One chain Draft per request [(row, DraftContext, budget)] from the tokens out[row] and (sampling)
+    the q rows qs[row] that pick_rows kept."""
+    return [Draft.from_lists(out[i], None, ctx.tokens.device, torch.stack(qs[i]) if qs[i] else None)
+            for i, ctx, _ in requests]
+
+
+def tree_drafts(requests: list, growers: dict) -> list[Draft]:
+    """One tree Draft per request [(row, DraftContext, spec, budget)]: its grower's kept nodes."""
+    drafts = []
+    for i, ctx, _, _ in requests:
+        toks, parents = growers[i].result()
+        drafts.append(Draft.from_lists(toks, parents, ctx.tokens.device, scores=growers[i].kept_scores))
+    return drafts
+
+
 class ModelRows:
     """DraftRows for a HF causal LM `model` over the batch's page pool."""
 
@@ -43,32 +79,17 @@ class ModelRows:
         for i, ctx, _ in live:
             self.valid[i] = ctx.tokens.numel()
         while live:
-            logits = self.runner.forward(forwards)
-            picks = []
-            for (i, ctx, _), lg in zip(live, logits):
-                scores = ctx.process(lg, ctx.tokens, [out[i]])
-                if ctx.sampling.do_sample:
-                    q = probs_from_scores(scores)
-                    qs[i].append(q[0])
-                    picks.append(sample(q, ctx.generator)[0])
-                else:
-                    picks.append(scores[0].argmax())
-            tokens = torch.stack(picks).tolist()  # the draft step's one read, every row's pick
+            tokens = pick_rows(live, self.runner.forward(forwards), out, qs)
             forwards, still = [], []
             for (i, ctx, k), x in zip(live, tokens):
-                out[i].append(int(x))
                 if len(out[i]) < k:
                     forwards.append(RowForward(self.tables[i], self.valid[i],
-                                               torch.tensor([int(x)], dtype=torch.long, device=ctx.tokens.device),
+                                               torch.tensor([x], dtype=torch.long, device=ctx.tokens.device),
                                                logits_rows=1))
                     self.valid[i] += 1
                     still.append((i, ctx, k))
             live = still
-        drafts = []
-        for i, ctx, _ in requests:
-            q = torch.stack(qs[i]) if qs[i] else None
-            drafts.append(Draft.from_lists(out[i], None, ctx.tokens.device, q))
-        return drafts
+        return chain_drafts(requests, out, qs)
 
     def propose_trees(self, requests: list[tuple[int, DraftContext, TreeSpec, int]]) -> list[Draft]:
         """ModelDrafter.propose_tree for every row at once: one catch-up forward (each row's last logits
@@ -101,11 +122,7 @@ class ModelRows:
                     block_pos=to_device([root + g.depth[a] for a in block], torch.long, device)))
             for (i, ctx), lg in zip(growing, self.runner.forward(forwards)):
                 frontier[i] = growers[i].expand(probs_from_scores(ctx.process(lg, ctx.tokens, paths[i])))
-        drafts = []
-        for i, ctx, _, _ in requests:
-            toks, parents = growers[i].result()
-            drafts.append(Draft.from_lists(toks, parents, ctx.tokens.device, scores=growers[i].kept_scores))
-        return drafts
+        return tree_drafts(requests, growers)
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.valid[row] = min(self.valid[row], num_context_tokens - 1)
