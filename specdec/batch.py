@@ -171,6 +171,7 @@ def _generate(engine: Engine, requests, sampling, generator):
     features = [FeatureLog() for _ in requests] if engine.feature_layers else None
     rows: list[_Row] = []
     drafts = draft_rows(engine, pool, len(requests), features) if engine.drafter is not None else None
+    planner.together = drafts is not None and not isinstance(drafts, PerRowDrafts)  # how a draft step is priced
     draft_model = engine.drafter.model if isinstance(engine.drafter, ModelBackedDrafter) else None
     began = False
     try:
@@ -258,7 +259,7 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
     t1 = time.perf_counter()
     logits = runner.forward(forwards)
     t2 = time.perf_counter()
-    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, sum(len(p[1]) for p in proposed), t1 - t0)
+    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, [len(p[1]) for p in proposed], t1 - t0)
     for j, (row, (draft, toks, par), lg) in enumerate(zip(live, proposed, logits)):
         feats = runner.last_features[j] if row.features is not None else None
         _commit(row, runner, drafts, draft, toks, par, lg, feats, sampling, generator, t1 - t0, t2 - t1)

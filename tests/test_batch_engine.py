@@ -205,7 +205,7 @@ def test_the_planner_drafts_where_acceptance_pays_and_backs_off_when_verificatio
     flat = BatchPlanner(max_length=6, probe_every=0)
     for n in (4, 12, 28):
         for _ in range(5):
-            flat.observe(n, 0.010, 0, 0.0)  # memory bound: any number of tokens costs the same
+            flat.observe(n, 0.010, [], 0.0)  # memory bound: any number of tokens costs the same
     good, poor = _tracker(0.9), _tracker(0.1)
     ks = flat.plan([good, poor], [6, 6])
     assert ks[0] == 6 and ks[0] > ks[1]
@@ -213,9 +213,25 @@ def test_the_planner_drafts_where_acceptance_pays_and_backs_off_when_verificatio
     steep = BatchPlanner(max_length=6, probe_every=0)
     for n in (4, 12, 28):
         for _ in range(5):
-            steep.observe(n, 0.010 * n, 0, 0.0)  # compute bound: every token verified costs a full token
+            steep.observe(n, 0.010 * n, [], 0.0)  # compute bound: every token verified costs a full token
     assert steep.plan([_tracker(0.6)] * 4, [6] * 4) == [0, 0, 0, 0]
     assert BatchPlanner(4, fixed=3).plan([good, poor], [2, 9]) == [2, 3]  # a constant length, capped
+
+
+def test_rows_that_draft_together_pay_one_draft_step_for_all_of_them():
+    """A draft model drafts every row in one forward per position, so its price is per forward; lookups
+    draft row after row, so theirs is per token. Same verification (flat) and the same 4 ms per draft step:
+    four rows at alpha 0.6 draft one token each together, and nothing one after another."""
+    plans = {}
+    for together in (False, True):
+        planner = BatchPlanner(max_length=4, probe_every=0, together=together)
+        for n in (4, 8, 12):
+            for _ in range(5):
+                planner.observe(n, 0.010, [1, 1, 1, 1] if together else [1], 0.004)
+        assert planner.costs.t_draft == pytest.approx(0.004)  # one draft step either way
+        plans[together] = planner.plan([_tracker(0.6)] * 4, [4] * 4)
+    assert plans[False] == [0, 0, 0, 0]
+    assert plans[True] == [1, 1, 1, 1]
 
 
 def test_every_probe_step_halves_the_plan_or_drafts_a_little_after_plain_steps():
@@ -226,7 +242,7 @@ def test_every_probe_step_halves_the_plan_or_drafts_a_little_after_plain_steps()
     steep = BatchPlanner(max_length=4, probe_every=4, probe_length=2)
     for n in (2, 6, 10):
         for _ in range(5):
-            steep.observe(n, 0.010 * n, 0, 0.0)
+            steep.observe(n, 0.010 * n, [], 0.0)
     plans = [steep.plan([_tracker(0.3)] * 2, [4, 1]) for _ in range(8)]
     assert plans[0] == [0, 0] and plans[3] == [2, 1] and plans[4] == [0, 0]  # plain decoding still probes
 
@@ -237,7 +253,7 @@ def test_probes_from_plain_decoding_back_off_while_speculation_does_not_pay():
     steep = BatchPlanner(max_length=4, probe_every=4, probe_length=2, max_probe_every=16)
     for n in (2, 6, 10):
         for _ in range(5):
-            steep.observe(n, 0.010 * n, 0, 0.0)
+            steep.observe(n, 0.010 * n, [], 0.0)
     poor = [_tracker(0.3)] * 2
     probes = [i for i in range(60) if any(steep.plan(poor, [4, 4]))]
     assert probes[:4] == [3, 11, 27, 43] and steep.interval == 16  # gaps 8, 16, 16: doubled, then capped

@@ -4,10 +4,14 @@ In a batched step every live row drafts, then ONE target forward verifies all ro
 grows with the total number of tokens in it (at B = 8 on a CPU a forward is no longer bound by reading
 the weights), so a row's longer draft is paid by the whole batch. The planner keeps one
 AcceptanceTracker per row (acceptance is a property of the row's text) and one CostModel over the
-forward's total tokens N = sum_i (k_i + 1), plus the seconds per drafted token (rows draft one after
-another). It picks the lengths k_i that maximise the step's expected tokens per second:
+forward's total tokens N = sum_i (k_i + 1), plus the seconds per sequential draft step. How many steps
+a plan costs depends on how the rows draft: one after another (n-gram lookups, drafts across
+tokenizers), every drafted token is a step, D(k) = sum_i k_i; together (a draft model's or a feature
+head's rows, one forward per draft position for every drafting row), a step is one such forward,
+D(k) = max_i k_i, so a second row's draft costs the batch almost nothing more. It picks the lengths k_i
+that maximise the step's expected tokens per second:
 
-    rate(k) = sum_i tau_i(k_i) / (T_verify(N) + T_draft_token * sum_i k_i)
+    rate(k) = sum_i tau_i(k_i) / (T_verify(N) + T_draft_step * D(k))
 
 greedily: starting from plain batched decoding (every k_i = 0), add the draft token with the largest
 acceptance probability prod_{j <= k_i + 1} alpha_ij (the expected gain of that token, which only falls
@@ -31,7 +35,7 @@ class BatchPlanner:
     draft_length), the trackers and costs still record what happened."""
 
     def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8, probe_length: int = 2,
-                 max_probe_every: int = 64):
+                 max_probe_every: int = 64, together: bool = False):
         if max_length < 0 or (fixed is not None and fixed < 0):
             raise ValueError(f"draft lengths must be >= 0, got max_length={max_length}, fixed={fixed}")
         self.max_length = int(max_length)
@@ -41,7 +45,8 @@ class BatchPlanner:
         self.probe_length = min(probe_length, self.max_length)
         self.interval = probe_every  # steps between probes now (doubles while plain decoding keeps winning)
         self._since_probe = 0
-        self.costs = CostModel()
+        self.together = together  # the rows draft in one forward per draft position (see the module doc)
+        self.costs = CostModel()  # its "draft token" is one sequential draft step here
         self.history: list[list[int]] = []  # the lengths planned, step by step (for reports)
 
     def new_row(self) -> AcceptanceTracker:
@@ -77,7 +82,8 @@ class BatchPlanner:
         d = self.costs.t_draft
 
         def rate() -> float:
-            return gain / max(1e-12, self.costs.t_verify(rows + drafted) + d * drafted)
+            steps = max(ks) if self.together else drafted
+            return gain / max(1e-12, self.costs.t_verify(rows + drafted) + d * steps)
 
         best, best_ks = rate(), list(ks)
         while True:
@@ -96,10 +102,11 @@ class BatchPlanner:
                 best, best_ks = r, list(ks)
         return best_ks
 
-    def observe(self, total_tokens: int, verify_s: float, drafted: int, draft_s: float) -> None:
-        """The step's forward ran total_tokens tokens in verify_s; the rows drafted `drafted` tokens in draft_s."""
+    def observe(self, total_tokens: int, verify_s: float, drafts: list[int], draft_s: float) -> None:
+        """The step's forward ran total_tokens tokens in verify_s; the rows drafted drafts[i] tokens each
+        (planned lengths, or what a lookup found) in draft_s."""
         self.costs.observe_verify(total_tokens, verify_s)
-        self.costs.observe_draft(drafted, draft_s)
+        self.costs.observe_draft(max(drafts, default=0) if self.together else sum(drafts), draft_s)
 
 
 def _at(rates: list[float], k: int) -> float:
