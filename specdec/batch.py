@@ -15,8 +15,8 @@ exactly as the single-sequence engine does (engine.py), so every row's output is
 token for token (greedy) or a sample of its own distribution (sampling). A row that ends (EOS, length, a
 stopping criterion) gives its pages back and drops out of the next step's forward.
 
-Typical acceptance and self-speculative drafts run the rows one after another through the
-single-sequence engine (api.py decides; `batchable` says why not).
+A kept cache (chat) holds one sequence, and drafters that cannot serve rows run them one after another
+through the single-sequence engine (api.py decides; `batchable` says why not).
 """
 from __future__ import annotations
 
@@ -56,8 +56,6 @@ class RowRequest:
 
 def batchable(engine: Engine) -> str | None:
     """Why `engine` cannot run a batch in one forward per step (None: it can)."""
-    if engine.acceptance != "exact":
-        return "typical acceptance runs row by row"
     if engine.keep_cache:
         return "a kept cache (chat) holds one sequence"
     if engine.drafter is not None and not (isinstance(engine.drafter, RowDrafter) and engine.drafter.for_row()):
@@ -262,12 +260,13 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
     planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, [len(p[1]) for p in proposed], t1 - t0)
     for j, (row, (draft, toks, par), lg) in enumerate(zip(live, proposed, logits)):
         feats = runner.last_features[j] if row.features is not None else None
-        _commit(row, runner, drafts, draft, toks, par, lg, feats, sampling, generator, t1 - t0, t2 - t1)
+        _commit(row, runner, drafts, draft, toks, par, lg, feats, sampling, generator, t1 - t0, t2 - t1,
+                engine.acceptance)
 
 
 def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int], par: list[int],
             logits: torch.Tensor, feats: torch.Tensor | None, sampling, generator, draft_s: float,
-            verify_s: float) -> None:
+            verify_s: float, acceptance: str = "exact") -> None:
     """Verify one row's draft against its rows of the batch's logits [n + 1, V] (and target features
     [n + 1, F] when the drafter reads them), roll back, commit."""
     N = len(row.tokens)
@@ -276,7 +275,7 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
     n = len(toks)
     chain = is_chain(par)
     scores = row.pipeline(logits, context, node_paths(toks, par, chain))
-    result = verify(draft, scores, sampling, generator, chain)
+    result = verify(draft, scores, sampling, generator, chain, acceptance)
     m = len(result.path)
     compact_path(runner.kv, row.table, L, result.path, runner.kernel)
     new = [toks[i] for i in result.path] + [result.next_token]

@@ -7,9 +7,9 @@ batched output: [B, T + N], each row's prompt with its left padding as given, it
 `pad_token_id` after a row that ended early. `num_return_sequences = n` repeats each row n times (HF's
 order: row 0's n samples first).
 
-For now the rows run one after another through the same engine (its policy keeps learning from row to
-row; every row's pages go back to the pool before the next starts); one target forward for all rows per
-step is the batched engine still to come (issue 18).
+api.py runs the rows together through specdec/batch.py (one target forward per step for every live row)
+when the engine can (batch.batchable); otherwise one after another through the same engine (its policy
+keeps learning from row to row; every row's pages go back to the pool before the next starts).
 """
 from __future__ import annotations
 

@@ -70,13 +70,16 @@ def _own_greedy(arch: str, i: int) -> torch.Tensor:
     return hf_greedy(build(arch, seed=0, scale=2.0), row, 12, eos_token_id=None)[0, row.shape[1]:]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3", "gpt2"])
-@pytest.mark.parametrize("drafter", ["ngram", "self", "partial", "partial tree", "ngram tree"])
+@pytest.mark.parametrize("arch, drafter", [
+    (arch, drafter) for arch in ("llama", "qwen2", "gemma3", "gpt2")
+    for drafter in ("ngram", "self", "partial", "partial tree", "ngram tree", "early exit")
+    if not (arch == "gpt2" and drafter == "early exit")])  # EarlyExit needs model.layers; GPT-2 has none
 def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypatch, arch, drafter):
     """'self' drafts 3 tokens with the target itself (every token accepted: rollback never cuts), 'partial'
     with a perturbed copy (accepted in part), 'ngram' with lookup (both planned by the adaptive batch
     planner), and both of those drafting trees (a dynamic tree, a static one for lookup: accepted paths
-    off the first branch are compacted per row); batches of 1, 2, 5 and 8 prompts."""
+    off the first branch are compacted per row), and 'early exit' with the target's first layer (own pages
+    per row in a batch; 3 tokens); batches of 1, 2, 5 and 8 prompts."""
     target = build(arch, seed=0, scale=2.0)
     tree = {"partial tree": specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2),
             "ngram tree": specdec.TreeSpec.static([3, 1, 1])}.get(drafter)
@@ -87,7 +90,8 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
             for p in draft.parameters():
                 p.add_(0.05 * torch.randn_like(p))
     chosen = {"ngram": "ngram", "self": copy.deepcopy(target),  # the same weights, another object
-              "partial": draft if drafter == "partial" else None}[drafter]
+              "partial": draft if drafter == "partial" else None,
+              "early exit": specdec.drafters.EarlyExit(target, 1) if drafter == "early exit" else None}[drafter]
     all_rows = prompts(8, seed=21, length=(3, 16))
     for size in (1, 2, 5, 8):  # the rows' references: _own_greedy, once per architecture
         rows = all_rows[:size]
@@ -95,7 +99,7 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
         sizes, draft_sizes = _spy_forwards(monkeypatch, target)
         out = specdec.generate(target, ids, attention_mask=mask, drafter=chosen, max_new_tokens=12,
                                eos_token_id=None, return_dict_in_generate=True,
-                               draft_length=3 if drafter == "self" else "adaptive", tree=tree)
+                               draft_length=3 if drafter in ("self", "early exit") else "adaptive", tree=tree)
         monkeypatch.undo()
         for i, r in enumerate(rows):
             assert torch.equal(out.sequences[i, ids.shape[1]:], _own_greedy(arch, i)), (size, i)
@@ -110,7 +114,7 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
             assert whole.new_tokens == 12 * size and whole.target_forwards == steps
             assert whole.drafted_tokens == sum(s.drafted_tokens for s in stats)
             assert whole.total_s == max(s.total_s for s in stats)
-            if drafter == "self" or (drafter == "partial" and tree is not None):
+            if drafter in ("self", "early exit") or (drafter == "partial" and tree is not None):
                 # fixed plans (3 tokens, or the tree's depth: the adaptive planner's choices depend on measured
                 # time): every row drafts every step, all of them in each draft forward
                 assert draft_sizes and max(draft_sizes) == size
@@ -264,10 +268,18 @@ def test_probes_from_plain_decoding_back_off_while_speculation_does_not_pay():
 
 def test_what_cannot_batch_says_why_and_runs_row_by_row():
     target = build("llama", seed=0)
-    typical = specdec.wrap(target, drafter="ngram", acceptance="typical")
-    assert "typical" in batch_mod.batchable(typical.engine)
-    early = specdec.wrap(target, drafter=specdec.drafters.EarlyExit(target, 1))
-    assert "EarlyExit" in batch_mod.batchable(early.engine)
-    assert batch_mod.batchable(specdec.wrap(target, drafter="ngram").engine) is None
+    chat = specdec.wrap(target, drafter="ngram")
+    chat.engine.keep_cache = True
+    assert "kept cache" in batch_mod.batchable(chat.engine)
+
+    class OneSequence(specdec.drafters.PromptLookup):
+        def for_row(self):
+            return None
+
+    lone = specdec.wrap(target, drafter=OneSequence())
+    assert "OneSequence cannot serve a batch" in batch_mod.batchable(lone.engine)
+    for options in (dict(drafter="ngram"), dict(drafter="ngram", acceptance="typical"),
+                    dict(drafter=specdec.drafters.EarlyExit(target, 1))):
+        assert batch_mod.batchable(specdec.wrap(target, **options).engine) is None
     with pytest.raises(ValueError, match="cannot run a batch"):
-        batch_mod.generate_batch(typical.engine, [], None)
+        batch_mod.generate_batch(lone.engine, [], None)

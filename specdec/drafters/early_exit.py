@@ -17,7 +17,9 @@ rounding, the same single-token shapes plain decoding uses). It needs the decode
 `inputs_embeds` to its first layer untouched: checked on the model itself when the drafter is built
 (layer_views.enters_hidden_exactly, a bit-for-bit probe). A model that fails it falls back to separate
 draft pages and a full verification, as do token trees (tree nodes are scratch the verification
-overwrites). Greedy output is the target's either way: the drafter only proposes, the target verifies.
+overwrites), and so do batches (for_row / for_batch: the view drafts every row on its own pages, in one
+forward per draft step, ModelRows). Greedy output is the target's either way: the drafter only proposes,
+the target verifies.
 """
 from __future__ import annotations
 
@@ -59,12 +61,10 @@ class EarlyExit(ModelDrafter):
         self.runner.kv.k, self.runner.kv.v = target_kv.k, target_kv.v  # layers < E: the target's own tensors
         self._target_kv = target_kv
 
-    def for_row(self) -> None:
-        """Not in batches yet: a shared-KV exit reads the target runner's length, which a batch keeps per row."""
-        return None
-
-    def for_batch(self, pool) -> None:
-        return None
+    def for_row(self) -> ModelDrafter:
+        """A batch's row drafts with the same view on its own pages (no KV sharing: a shared-KV exit reads
+        the one target runner's length, which a batch keeps per row), and the target verifies every layer."""
+        return ModelDrafter(self.model, self.lean)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         if not self.share_kv:
