@@ -8,7 +8,7 @@ weights, per-row state), or its place in a drafter that drafts every row in one 
 own FeatureLog, which the packed forwards fill as the single-sequence engine's do.
 
 A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the
-engine's TreeSpec, cut to the tokens the row has left: no adaptive tree budget in batches yet); ONE
+engine's TreeSpec, cut to the tokens the row has left, with the node budget the planner chose); ONE
 packed forward (hf/batch_runner.py) runs each row's [root + draft] (tree positions and ancestor mask for
 a tree) against that row's pages only; each row is verified, rolled back and committed on its own
 exactly as the single-sequence engine does (engine.py), so every row's output is its own generation
@@ -73,8 +73,11 @@ def planner_for(engine: Engine) -> BatchPlanner:
         policy = engine.policy
         if engine.drafter is None:
             planner = BatchPlanner(0, fixed=0)
-        elif engine.tree is not None:  # every row drafts the spec's tree, as deep as its tokens left allow
-            planner = BatchPlanner(engine.tree.depth, fixed=engine.tree.depth)
+        elif engine.tree is not None:  # every row's tree as deep as its tokens left allow; its nodes planned
+            tree = engine.tree          # (a dynamic tree under an adaptive policy) or fixed (as Engine's are)
+            nodes = (tree.nodes if tree.kind == "static" else
+                     policy.k if isinstance(policy, ConstantPolicy) else None)
+            planner = BatchPlanner(tree.depth, fixed=tree.depth, tree_nodes=nodes)
         elif isinstance(policy, ConstantPolicy):
             planner = BatchPlanner(policy.k, fixed=policy.k)
         else:
@@ -229,27 +232,29 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
         n = len(row.tokens)
         cap = row.request.limits.max_new_tokens - (n - row.T) - 1
         caps.append(max(0, min(cap, max_pos - n) if max_pos is not None else cap))
-    ks = planner.plan([row.tracker for row in live], caps)
+    trackers = [row.tracker for row in live]
+    if engine.tree is None:
+        ks = planner.plan(trackers, caps)  # chain lengths
+    else:  # each row's spec cut to the tokens it has left, then its node budget
+        specs = [engine.tree.limited(cap) if cap > 0 else None for cap in caps]
+        ks = planner.node_budgets(trackers, [spec.nodes if spec is not None else 0 for spec in specs])
     t0 = time.perf_counter()
-    empty = (Draft.empty(engine.device), [], [])
+    empty = (Draft.empty(engine.device), [], [], None)
     proposed = [empty] * len(live)
     contexts = [DraftContext(tokens=row.context[:len(row.tokens)], sampling=sampling, generator=generator,
                              process=row.pipeline) for row in live]
     asked = [j for j, k in enumerate(ks) if k > 0] if drafts is not None else []
     if engine.tree is not None and asked:
-        specs = {j: engine.tree.limited(ks[j]) for j in asked}
-        trees = drafts.propose_trees([(live[j].index, contexts[j], specs[j], specs[j].nodes) for j in asked])
+        trees = drafts.propose_trees([(live[j].index, contexts[j], specs[j], ks[j]) for j in asked])
         for j, draft in zip(asked, trees):
-            draft, toks, par, _ = check_tree(engine.drafter, draft, specs[j], specs[j].nodes, engine.vocab_size,
-                                             engine.device)
-            proposed[j] = (draft, toks, par)
+            proposed[j] = check_tree(engine.drafter, draft, specs[j], ks[j], engine.vocab_size, engine.device)
     elif asked:
         chains = drafts.propose([(live[j].index, contexts[j], ks[j]) for j in asked])
         for j, draft in zip(asked, chains):
             toks, par, _ = check_draft(engine.drafter, draft, ks[j], engine.vocab_size)
-            proposed[j] = (draft, toks, par)
+            proposed[j] = (draft, toks, par, None)
     forwards = []
-    for row, ctx, (draft, toks, par) in zip(live, contexts, proposed):
+    for row, ctx, (draft, toks, par, _) in zip(live, contexts, proposed):
         L = ctx.tokens.numel() - 1
         positions = to_device([L] + [L + d for d in depth_list(par)], torch.long, engine.device)
         forwards.append(RowForward(row.table, L, torch.cat([ctx.tokens[-1:], draft.tokens]), positions,
@@ -257,16 +262,20 @@ def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list
     t1 = time.perf_counter()
     logits = runner.forward(forwards)
     t2 = time.perf_counter()
-    planner.observe(sum(f.tokens.numel() for f in forwards), t2 - t1, [len(p[1]) for p in proposed], t1 - t0)
-    for j, (row, (draft, toks, par), lg) in enumerate(zip(live, proposed, logits)):
+    total = sum(f.tokens.numel() for f in forwards)
+    if engine.tree is None:
+        planner.observe(total, t2 - t1, [len(p[1]) for p in proposed], t1 - t0)
+    else:
+        planner.observe_trees(total, t2 - t1, [len(p[1]) for p in proposed], t1 - t0)
+    for j, (row, (draft, toks, par, node_scores), lg) in enumerate(zip(live, proposed, logits)):
         feats = runner.last_features[j] if row.features is not None else None
         _commit(row, runner, drafts, draft, toks, par, lg, feats, sampling, generator, t1 - t0, t2 - t1,
-                engine.acceptance)
+                engine.acceptance, node_scores)
 
 
 def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int], par: list[int],
             logits: torch.Tensor, feats: torch.Tensor | None, sampling, generator, draft_s: float,
-            verify_s: float, acceptance: str = "exact") -> None:
+            verify_s: float, acceptance: str = "exact", node_scores: list[float] | None = None) -> None:
     """Verify one row's draft against its rows of the batch's logits [n + 1, V] (and target features
     [n + 1, F] when the drafter reads them), roll back, commit."""
     N = len(row.tokens)
@@ -294,6 +303,9 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
         drafts.accept(row.index, len(row.tokens))
     row.table.truncate(L + 1 + m)  # the target's KV: the context before this step's root, root and path
     row.tracker.observe(n, m, result.beta)
+    if n and node_scores is not None:  # a tree: which ranks (best node first) were on the accepted path
+        on_path = set(result.path)
+        row.tracker.observe_ranks([i in on_path for i in sorted(range(n), key=lambda i: (-node_scores[i], i))])
     row.stats.record_step(n, m, depth=max(depth_list(par), default=0))
     row.stats.draft_s += draft_s
     row.stats.verify_s += verify_s

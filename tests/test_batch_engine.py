@@ -77,8 +77,8 @@ def _own_greedy(arch: str, i: int) -> torch.Tensor:
 def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypatch, arch, drafter):
     """'self' drafts 3 tokens with the target itself (every token accepted: rollback never cuts), 'partial'
     with a perturbed copy (accepted in part), 'ngram' with lookup (both planned by the adaptive batch
-    planner), and both of those drafting trees (a dynamic tree, a static one for lookup: accepted paths
-    off the first branch are compacted per row), and 'early exit' with the target's first layer (own pages
+    planner), and both of those drafting trees (a dynamic tree of 6 nodes, a static one for lookup: accepted
+    paths off the first branch are compacted per row), and 'early exit' with the target's first layer (own pages
     per row in a batch; 3 tokens); batches of 1, 2, 5 and 8 prompts."""
     target = build(arch, seed=0, scale=2.0)
     tree = {"partial tree": specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2),
@@ -99,7 +99,8 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
         sizes, draft_sizes = _spy_forwards(monkeypatch, target)
         out = specdec.generate(target, ids, attention_mask=mask, drafter=chosen, max_new_tokens=12,
                                eos_token_id=None, return_dict_in_generate=True,
-                               draft_length=3 if drafter in ("self", "early exit") else "adaptive", tree=tree)
+                               draft_length=3 if drafter in ("self", "early exit") else 6 if tree is not None
+                               and tree.kind == "dynamic" else "adaptive", tree=tree)
         monkeypatch.undo()
         for i, r in enumerate(rows):
             assert torch.equal(out.sequences[i, ids.shape[1]:], _own_greedy(arch, i)), (size, i)
@@ -115,7 +116,7 @@ def test_greedy_rows_equal_their_own_generation_in_one_forward_per_step(monkeypa
             assert whole.drafted_tokens == sum(s.drafted_tokens for s in stats)
             assert whole.total_s == max(s.total_s for s in stats)
             if drafter in ("self", "early exit") or (drafter == "partial" and tree is not None):
-                # fixed plans (3 tokens, or the tree's depth: the adaptive planner's choices depend on measured
+                # fixed plans (3 tokens, or the tree's 6 nodes: the adaptive planner's choices depend on measured
                 # time): every row drafts every step, all of them in each draft forward
                 assert draft_sizes and max(draft_sizes) == size
                 per_step = 3 if tree is None else tree.depth  # catch-up + further tokens, or one per depth
@@ -236,6 +237,36 @@ def test_rows_that_draft_together_pay_one_draft_step_for_all_of_them():
         plans[together] = planner.plan([_tracker(0.6)] * 4, [4] * 4)
     assert plans[False] == [0, 0, 0, 0]
     assert plans[True] == [1, 1, 1, 1]
+
+
+def _ranked(rate: float, steps: int = 40, nodes: int = 6) -> AcceptanceTracker:
+    """A tracker whose tree steps put the r-th best node on the accepted path with probability rate^(r+1)."""
+    t = AcceptanceTracker()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        t.observe_ranks([float(torch.rand(1, generator=g)) < rate ** (r + 1) for r in range(nodes)])
+    return t
+
+
+def test_tree_budgets_follow_each_rows_ranks_and_the_cost_of_verifying():
+    """Dynamic trees in a batch: where verification is nearly flat a row whose top nodes are accepted gets more
+    nodes than one whose are not; where every verified token costs a plain step, no row drafts; rows still
+    in their warm-up draft the whole spec; a constant draft_length fixes every budget."""
+    flat = BatchPlanner(max_length=3, probe_every=0, together=True)
+    for n in (4, 12, 20):
+        for _ in range(5):
+            flat.observe_trees(n, 0.010 + 0.0005 * n, [6, 6], 0.002)  # nearly flat
+    assert flat.t_tree == pytest.approx(0.002)  # one tree step for both rows
+    good, poor = _ranked(0.9), _ranked(0.2)
+    budgets = flat.node_budgets([good, poor], [6, 6])
+    assert budgets[0] == 6 and budgets[0] > budgets[1]
+    steep = BatchPlanner(max_length=3, probe_every=0, together=True)
+    for n in (4, 12, 20):
+        for _ in range(5):
+            steep.observe_trees(n, 0.010 * n, [6, 6], 0.002)
+    assert steep.node_budgets([_ranked(0.6)] * 2, [6, 6]) == [0, 0]
+    assert steep.node_budgets([AcceptanceTracker(), _ranked(0.6)], [6, 4]) == [6, 0]  # a fresh row warms up
+    assert BatchPlanner(3, tree_nodes=4).node_budgets([good, poor], [6, 3]) == [4, 3]
 
 
 def test_every_probe_step_halves_the_plan_or_drafts_a_little_after_plain_steps():

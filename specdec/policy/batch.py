@@ -19,6 +19,17 @@ as k_i grows) and keep the best plan on that path. All zeros is the fallback whe
 paying. Until costs are measured, verification is priced flat (the optimistic, memory-bound prior of
 CostModel), so the first steps draft and measure.
 
+Dynamic trees (node_budgets): the same plan over node budgets B_i instead of lengths, with each row's
+per-rank rates rho_ir (AcceptanceTracker.per_rank: how often the r-th best node was on the accepted
+path) as the gains and one tree step's drafting time (one forward per depth, about the same for any
+budget) as the draft price:
+
+    rate(B) = sum_i (1 + sum_{r <= B_i} rho_ir) / (T_verify(sum_i (B_i + 1)) + T_tree * S(B))
+
+S(B) is 1 when any row drafts and the rows draft together, else the number of rows drafting. A row's
+first `tree_warmup` tree steps, and every probe, draft its whole spec so every rank stays measured;
+`tree_nodes` (a constant draft_length) fixes every budget at min(k, the spec's nodes) instead.
+
 Probes: every `probe_every` steps a drafting plan is halved, and plain decoding drafts `probe_length`
 tokens per row, or it would never learn again. A probe from plain decoding costs the whole batch a draft
 forward; while probes keep finding that speculation does not pay, the interval doubles (up to
@@ -35,7 +46,8 @@ class BatchPlanner:
     draft_length), the trackers and costs still record what happened."""
 
     def __init__(self, max_length: int = 8, fixed: int | None = None, probe_every: int = 8, probe_length: int = 2,
-                 max_probe_every: int = 64, together: bool = False):
+                 max_probe_every: int = 64, together: bool = False, tree_nodes: int | None = None,
+                 tree_warmup: int = 2):
         if max_length < 0 or (fixed is not None and fixed < 0):
             raise ValueError(f"draft lengths must be >= 0, got max_length={max_length}, fixed={fixed}")
         self.max_length = int(max_length)
@@ -47,6 +59,9 @@ class BatchPlanner:
         self._since_probe = 0
         self.together = together  # the rows draft in one forward per draft position (see the module doc)
         self.costs = CostModel()  # its "draft token" is one sequential draft step here
+        self.tree_nodes = tree_nodes  # dynamic trees: a fixed node budget (None: planned, see node_budgets)
+        self.tree_warmup = tree_warmup
+        self.t_tree: float | None = None  # seconds per tree draft step (EMA; per row when rows draft alone)
         self.history: list[list[int]] = []  # the lengths planned, step by step (for reports)
 
     def new_row(self) -> AcceptanceTracker:
@@ -72,6 +87,61 @@ class BatchPlanner:
                     self.interval = min(2 * self.interval, self.max_probe_every)
         self.history.append(ks)
         return ks
+
+    def node_budgets(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
+        """One dynamic tree's node budget per row (0: the row does not draft); caps [B]: each row's spec's
+        nodes (after its depth was cut to the tokens it has left). See the module doc."""
+        if self.tree_nodes is not None:
+            budgets = [min(self.tree_nodes, cap) for cap in caps]
+        else:
+            budgets = self._greedy_nodes(trackers, caps)
+            drafting = any(budgets)
+            if drafting:
+                self.interval = self.probe_every
+            self._since_probe += 1
+            if self.probe_every and self._since_probe >= self.interval:  # a probe drafts every rank
+                self._since_probe = 0
+                if not drafting:
+                    self.interval = min(2 * self.interval, self.max_probe_every)
+                budgets = list(caps)
+            budgets = [cap if t.tree_steps < self.tree_warmup else b for t, b, cap in zip(trackers, budgets, caps)]
+        self.history.append(budgets)
+        return budgets
+
+    def _greedy_nodes(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
+        rows = len(trackers)
+        rates = [t.per_rank(cap) for t, cap in zip(trackers, caps)]
+        budgets, gain = [0] * rows, float(rows)
+        t_tree = self.t_tree if self.t_tree is not None else self.costs.t_draft
+
+        def rate() -> float:
+            drafting = sum(1 for b in budgets if b)
+            steps = min(1, drafting) if self.together else drafting
+            return gain / max(1e-12, self.costs.t_verify(rows + sum(budgets)) + t_tree * steps)
+
+        best, best_b = rate(), list(budgets)
+        while True:
+            options = [(rates[i][budgets[i]], i) for i in range(rows) if budgets[i] < caps[i]]
+            if not options:
+                break
+            rho, i = max(options)
+            if rho <= 0.0:
+                break
+            budgets[i] += 1
+            gain += rho
+            r = rate()
+            if r > best:
+                best, best_b = r, list(budgets)
+        return best_b
+
+    def observe_trees(self, total_tokens: int, verify_s: float, budgets: list[int], draft_s: float) -> None:
+        """A tree step: its forward ran total_tokens tokens in verify_s; rows drafted trees of budgets[i]
+        nodes (0: none) in draft_s."""
+        self.costs.observe_verify(total_tokens, verify_s)
+        drafting = sum(1 for b in budgets if b)
+        if drafting:
+            per_step = draft_s if self.together else draft_s / drafting
+            self.t_tree = self.costs._ema(self.t_tree, per_step)
 
     def _greedy(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
         rows = len(trackers)
