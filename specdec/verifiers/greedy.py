@@ -28,10 +28,10 @@ def greedy_chain(
             f"got {tuple(target_scores.shape)}"
         )
     best = target_scores.argmax(dim=-1)  # [k+1]
-    match = draft_tokens.reshape(k).to(best.device) == best[:k]  # [k]
-    n = match.long().cumprod(0).sum().reshape(1)  # [1]
-    flat = torch.cat([n.double(), best.index_select(0, n).double(), match.double()]).tolist()  # the one read
-    return VerifyResult(list(range(int(flat[0]))), int(flat[1]), flat[2:])
+    flat = torch.cat([best, draft_tokens.reshape(k).to(best.device)]).tolist()  # the one read: argmaxes, draft
+    beta = [1.0 if flat[k + 1 + i] == flat[i] else 0.0 for i in range(k)]
+    n = beta.index(0.0) if 0.0 in beta else k
+    return VerifyResult(list(range(n)), flat[n], beta)
 
 
 def greedy_tree(
