@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdec
+from specdec import TreeSpec
 from specdec.drafters import CrossTokenizerDrafter
 from specdec.drafters.vocab_map import VocabMap
 
@@ -88,6 +89,25 @@ def test_a_permuted_copy_of_the_target_drafts_exactly_and_is_accepted(zoo_target
         assert out.stats.acceptance_rate > 0.6, out.stats.summary()  # a wrong map or history would be ~0
 
 
+@pytest.mark.parametrize("mode", ["intersection", "text"])
+def test_token_trees_across_tokenizers_give_the_targets_greedy_output(zoo_target, mode):
+    """A dynamic tree of 8 nodes: intersection mode grows it over the shared tokens (a permuted copy of the
+    target is accepted down the tree, about two tokens per step, as the same-vocabulary copy is); text mode
+    proposes its chain. Greedy output is the
+    target's either way and both page pools are given back."""
+    target, tok = zoo_target
+    draft, draft_tok = permuted_copy(target, tok, seed=0)
+    drafter = CrossTokenizerDrafter(draft, draft_tok, tok, mode=mode)
+    model = specdec.wrap(target, drafter=drafter, tree=TreeSpec.dynamic(nodes=8, depth=4, topk=2), draft_length=8)
+    for prompt in specdec.zoo.prompts(2):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        out = model.generate(ids, max_new_tokens=NEW, eos_token_id=None, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, hf_greedy(target, ids, NEW, eos_token_id=None))
+        # a wrong map, position or mask below the first level would accept next to nothing past depth 1
+        assert out.stats.accepted_tokens / out.stats.target_forwards > 1.2, out.stats.summary()
+        assert model.engine.pool.num_used == 0 and drafter.runner is None
+
+
 @pytest.mark.parametrize("mode", ["intersection", "text", "auto"])
 def test_greedy_output_is_the_targets_with_a_really_different_tokenizer(zoo_target, mode):
     target, tok = zoo_target
@@ -132,6 +152,25 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
     model = specdec.wrap(target, drafter=drafter, draft_length=2)
     counts = {}
     torch.manual_seed(1234)
+    for _ in range(SAMPLES):
+        seq = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW, do_sample=True, temperature=0.9, top_k=3)
+        key = tuple(seq[0, SAMPLE_PROMPT.shape[1]:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    p = gof(exact, counts, SAMPLES)
+    assert p > 1e-3 if lossless else p < 1e-6
+
+
+@pytest.mark.parametrize("acceptance, lossless", [("exact", True), ("typical", False)])
+def test_sampled_trees_through_the_intersection_follow_the_target(acceptance, lossless):
+    """The same pair drafting a static [2, 1] tree over the shared tokens: the exact joint distribution of
+    4 sampled tokens is reproduced; lossy typical acceptance over the same trees is caught."""
+    target = tiny_vocab_model(4, seed=0, scale=4.0)
+    exact = exact_joint(target)
+    drafter = CrossTokenizerDrafter(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"),
+                                    char_tokenizer("abcd"), mode="intersection", min_shared=1)
+    model = specdec.wrap(target, drafter=drafter, tree=TreeSpec.static([2, 1]), acceptance=acceptance)
+    counts = {}
+    torch.manual_seed(4321)
     for _ in range(SAMPLES):
         seq = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW, do_sample=True, temperature=0.9, top_k=3)
         key = tuple(seq[0, SAMPLE_PROMPT.shape[1]:].tolist())

@@ -33,6 +33,8 @@ import torch
 
 from ..cache.pool import BlockTable, PagePool, common_prefix
 from ..hf.runner import ModelRunner, max_positions_of
+from ..tree import TreeGrower, TreeSpec
+from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
 from .model import draft_chain, model_runner, vocab_size_of
 from .vocab_map import VocabMap, span_agreement
@@ -133,16 +135,49 @@ class CrossTokenizerDrafter:
             self.active = None  # decided at the first propose, which knows whether this generation samples
         self._sync(prompt)  # the draft's prefill of the prompt's text: timed as prefill, not drafting
 
-    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+    def _decide(self, ctx: DraftContext) -> None:
+        """auto: the mode for this generation, at its first proposal (see the module doc)."""
         if self.active is None:
             shared = ctx.sampling.do_sample and (self._agreement or 0.0) >= self.min_agreement
             self.active = "intersection" if shared else "text"
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        self._decide(ctx)
         self.deterministic = self.active == "text" or not ctx.sampling.do_sample
         committed = ctx.tokens.tolist()
         logits = self._sync(committed)  # [1, V_draft]: the draft's next-token logits after the committed text
         if self.active == "intersection":
             return self._propose_shared(ctx, budget, logits)
         return self._propose_text(ctx, budget, committed, logits)
+
+    def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
+        """Intersection mode: a token tree over the shared tokens, as ModelDrafter grows one (one catch-up,
+        then one forward per depth over the frontier, the nodes' draft KV scratch past the committed
+        ids; a shared token is one draft token, so a node's depth is the same in both vocabularies). Its
+        children are the processed target-id distribution's top tokens: deterministic, so lossless
+        greedy or sampled. Text mode's proposal is re-encoded text, a chain of at most spec.depth tokens."""
+        self._decide(ctx)
+        if self.active != "intersection":
+            return self.propose(ctx, min(budget, spec.depth))
+        self.deterministic = True
+        device = ctx.tokens.device
+        grower = TreeGrower(spec, budget)
+        if grower.budget <= 0:
+            return Draft.empty(device)
+        vocab, tv = self.vocab, self.target_vocab
+        logits = self._sync(ctx.tokens.tolist())
+        frontier = grower.expand(probs_from_scores(ctx.process(vocab.target_scores(logits, tv), ctx.tokens, [[]])))
+        root_pos = len(self.ids) - 1
+        written: list[int] = []
+        while frontier and grower.level < spec.depth:
+            target_ids = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long)
+            tokens = vocab.to_draft[target_ids].to(self.table.device)
+            mask, paths = grower.frontier_block(frontier, written)
+            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=self.table.device)
+            logits = self.runner.forward_tree(tokens, block_pos, mask.to(self.table.device))
+            frontier = grower.expand(probs_from_scores(ctx.process(vocab.target_scores(logits, tv), ctx.tokens, paths)))
+        toks, parents = grower.result()
+        return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 
     def accept(self, num_context_tokens: int) -> None:
         pass  # the next _sync rolls the draft back to the committed text, whatever was accepted
