@@ -4,8 +4,9 @@ Each row is its own sequence on the shared page pool: its own block table (holdi
 tokens: left padding is dropped before this point, specdec/rows.py), positions from 0, its own
 acceptance tracker and logits pipeline, and its own drafter instance (RowDrafter.for_row: shared
 weights, per-row state), or its place in a drafter that drafts every row in one forward per draft step
-(BatchDrafter.for_batch: a draft model's or a feature head's chains and trees, one forward per depth). A feature head reads each row's
-own FeatureLog, which the packed forwards fill as the single-sequence engine's do.
+(BatchDrafter.for_batch: a draft model's, a feature head's or a draft of another tokenizer's chains
+and trees, one forward per draft position or depth). A feature head reads each row's own FeatureLog,
+which the packed forwards fill as the single-sequence engine's do.
 
 A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the
 engine's TreeSpec, cut to the tokens the row has left, with the node budget the planner chose); ONE

@@ -160,6 +160,41 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
     assert p > 1e-3 if lossless else p < 1e-6
 
 
+@pytest.mark.parametrize("lossy", [False, True], ids=["exact", "q scaled (control)"])
+def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypatch, lossy):
+    """Two rows of one batch drafted together over the shared tokens: each row's 4 sampled tokens follow
+    the target's joint distribution; scaling the q the rows keep (as LossyQ does) is caught."""
+    from specdec.drafters import cross_rows
+
+    target = tiny_vocab_model(4, seed=0, scale=4.0)
+    exact = exact_joint(target)
+    if lossy:
+        chains = cross_rows.chain_drafts
+
+        def scaled(requests, out, qs):
+            drafts = chains(requests, out, qs)
+            for d in drafts:
+                if d.q_probs is not None:
+                    d.q_probs = d.q_probs * 0.6
+            return drafts
+
+        monkeypatch.setattr(cross_rows, "chain_drafts", scaled)
+    drafter = CrossTokenizerDrafter(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"),
+                                    char_tokenizer("abcd"), mode="intersection", min_shared=1)
+    model = specdec.wrap(target, drafter=drafter, draft_length=2)
+    ids = SAMPLE_PROMPT.repeat(2, 1)
+    counts = [{}, {}]
+    torch.manual_seed(2468)
+    for _ in range(SAMPLES):
+        seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SAMPLE_NEW, do_sample=True,
+                             temperature=0.9, top_k=3)
+        for i in range(2):
+            key = tuple(seq[i, SAMPLE_PROMPT.shape[1]:].tolist())
+            counts[i][key] = counts[i].get(key, 0) + 1
+    p = [gof(exact, c, SAMPLES) for c in counts]
+    assert min(p) < 1e-6 if lossy else min(p) > 1e-3, p
+
+
 @pytest.mark.parametrize("acceptance, lossless", [("exact", True), ("typical", False)])
 def test_sampled_trees_through_the_intersection_follow_the_target(acceptance, lossless):
     """The same pair drafting a static [2, 1] tree over the shared tokens: the exact joint distribution of
@@ -228,11 +263,16 @@ def test_auto_drafts_by_intersection_only_when_sampling_with_tokenizers_that_cut
         assert drafter.active == want
 
 
-@pytest.mark.parametrize("mode", ["intersection", "text"])
-def test_a_left_padded_batch_drafts_across_tokenizers_row_by_row_in_one_target_forward(zoo_target, mode):
+@pytest.mark.parametrize("mode, tree", [("intersection", None), ("text", None),
+                                        ("intersection", TreeSpec.dynamic(nodes=6, depth=3, topk=2))])
+def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_target_forward(monkeypatch, zoo_target,
+                                                                                          mode, tree):
     """Three prompts in one batch: every row equals its own greedy generation and keeps its own draft
-    history (a shared history would be rejected: acceptance would fall to ~0)."""
+    history (a shared history would be rejected: acceptance would fall to ~0); every drafting row runs in
+    each draft forward (chains: a sync, then one per further token; trees: one per depth), and both page
+    pools are given back."""
     import specdec.batch as batch_mod
+    from specdec.hf.batch_runner import BatchRunner
 
     target, tok = zoo_target
     draft, draft_tok = permuted_copy(target, tok, seed=1)
@@ -240,12 +280,24 @@ def test_a_left_padded_batch_drafts_across_tokenizers_row_by_row_in_one_target_f
     texts = specdec.zoo.prompts(3)
     enc = tok(texts, return_tensors="pt", padding=True)
     model = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok, cross_tokenizer=mode,
-                         draft_length=4)
+                         draft_length=4 if tree is None else 6, tree=tree)
     assert batch_mod.batchable(model.engine) is None
+    draft_rows, forward = [], BatchRunner.forward
+
+    def counted(self, rows):
+        if self.model is draft:
+            draft_rows.append(len(rows))
+        return forward(self, rows)
+
+    monkeypatch.setattr(BatchRunner, "forward", counted)
     out = model.generate(enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=NEW, eos_token_id=None,
                          return_dict_in_generate=True)
+    monkeypatch.undo()
     for i, text in enumerate(texts):
         ids = tok(text, return_tensors="pt").input_ids
         assert torch.equal(out.sequences[i, enc.input_ids.shape[1]:], hf_greedy(target, ids, NEW, eos_token_id=None)[0, ids.shape[1]:])
-        assert out.stats[i].acceptance_rate > 0.6, out.stats[i].summary()
-    assert model.engine.pool.num_used == 0
+        assert out.stats[i].accepted_tokens / out.stats[i].target_forwards > (2.0 if tree is None else 1.2), \
+            out.stats[i].summary()
+    steps = max(s.target_forwards for s in out.stats)
+    assert max(draft_rows) == 3 and len(draft_rows) <= (4 if tree is None else 3) * steps, (draft_rows, steps)
+    assert model.engine.pool.num_used == 0 and model.engine.drafter.runner is None

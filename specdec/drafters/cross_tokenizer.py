@@ -111,6 +111,13 @@ class CrossTokenizerDrafter:
                                      "cross_tokenizer='text'")
                 self.active = "text"
 
+    def for_batch(self, pool):
+        """Every row of a batch drafted together (drafters/cross_rows.py); `pool` is the target's: the
+        draft's positions are its own, so its pages come from a pool of its own."""
+        from .cross_rows import CrossTokenizerRows
+
+        return CrossTokenizerRows(self)
+
     def for_row(self) -> "CrossTokenizerDrafter":
         """A drafter for one row of a batch (specdec/batch.py): the same model, tokenizers and vocabulary
         map (and what check_compatible decided), its own pages and draft history."""
@@ -130,16 +137,24 @@ class CrossTokenizerDrafter:
             return
         prompt = setup.prompt.tolist()
         if self.mode == "auto":
-            usable = self.vocab is not None and self.vocab.size >= self.min_shared
-            self._agreement = span_agreement(self.draft_tok, self.target_tok, self._text(prompt)) if usable else None
+            self._agreement = self.usable_agreement(prompt)
             self.active = None  # decided at the first propose, which knows whether this generation samples
         self._sync(prompt)  # the draft's prefill of the prompt's text: timed as prefill, not drafting
 
     def _decide(self, ctx: DraftContext) -> None:
         """auto: the mode for this generation, at its first proposal (see the module doc)."""
         if self.active is None:
-            shared = ctx.sampling.do_sample and (self._agreement or 0.0) >= self.min_agreement
-            self.active = "intersection" if shared else "text"
+            self.active = self.mode_for(ctx, self._agreement)
+
+    def usable_agreement(self, prompt: list[int]) -> float | None:
+        """auto: how alike the two tokenizers cut the prompt's text (None: too few shared tokens)."""
+        usable = self.vocab is not None and self.vocab.size >= self.min_shared
+        return span_agreement(self.draft_tok, self.target_tok, self._text(prompt)) if usable else None
+
+    def mode_for(self, ctx: DraftContext, agreement: float | None) -> str:
+        """auto's choice for a generation (see the module doc)."""
+        shared = ctx.sampling.do_sample and (agreement or 0.0) >= self.min_agreement
+        return "intersection" if shared else "text"
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         self._decide(ctx)
@@ -235,9 +250,13 @@ class CrossTokenizerDrafter:
             if x == eos or i + 1 == budget:
                 break
             logits = self._step(x)
+        return Draft.from_lists(self._retokenized(committed, drafted, budget), None, ctx.tokens.device)
+
+    def _retokenized(self, committed: list[int], drafted: list[int], budget: int) -> list[int]:
+        """Text mode's proposal: draft ids -> at most `budget` target ids after the committed text, or []
+        where the look-behind window does not come back unchanged (a merge across the boundary)."""
         window = self._plain(committed)[-self.lookbehind:]
         text = (self.target_tok.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
                 + self.draft_tok.decode(drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False))
         encoded = self.target_tok.encode(text, add_special_tokens=False)
-        proposal = encoded[len(window):len(window) + budget] if encoded[:len(window)] == window else []
-        return Draft.from_lists(proposal, None, ctx.tokens.device)
+        return encoded[len(window):len(window) + budget] if encoded[:len(window)] == window else []

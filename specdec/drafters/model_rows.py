@@ -100,11 +100,9 @@ class ModelRows:
         written: dict[int, list[int]] = {i: [] for i, _ in live}  # grower ids with KV in the row's block
         frontier: dict[int, list[int]] = {}
         if live:
-            logits = self.runner.forward([RowForward(self.tables[i], self.valid[i], ctx.tokens[self.valid[i]:],
-                                                     logits_rows=1) for i, ctx in live])
+            logits = self.runner.forward([self._catch_up(i, ctx) for i, ctx in live])
             for (i, ctx), lg in zip(live, logits):
-                self.valid[i] = ctx.tokens.numel()
-                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(lg, ctx.tokens, [[]])))
+                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(self._scores(i, lg), ctx.tokens, [[]])))
         while True:
             growing = [(i, ctx) for i, ctx in live if frontier[i] and growers[i].level < growers[i].spec.depth]
             if not growing:
@@ -117,12 +115,29 @@ class ModelRows:
                 root = self.valid[i] - 1
                 device = ctx.tokens.device
                 forwards.append(RowForward(
-                    self.tables[i], self.valid[i] + m, to_device([g.tokens[a] for a in frontier[i]], torch.long, device),
+                    self.tables[i], self.valid[i] + m,
+                    to_device(self._model_ids(i, [g.tokens[a] for a in frontier[i]]), torch.long, device),
                     to_device([root + g.depth[a] for a in frontier[i]], torch.long, device), mask.to(device),
                     block_pos=to_device([root + g.depth[a] for a in block], torch.long, device)))
             for (i, ctx), lg in zip(growing, self.runner.forward(forwards)):
-                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(lg, ctx.tokens, paths[i])))
+                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(self._scores(i, lg), ctx.tokens,
+                                                                              paths[i])))
         return tree_drafts(requests, growers)
+
+    # what a draft of another vocabulary changes (drafters/cross_rows.py) ----------------------------
+    def _catch_up(self, i: int, ctx: DraftContext) -> RowForward:
+        """Row i's forward over the committed tokens its KV lacks (its valid length moves to their end)."""
+        forward = RowForward(self.tables[i], self.valid[i], ctx.tokens[self.valid[i]:], logits_rows=1)
+        self.valid[i] = ctx.tokens.numel()
+        return forward
+
+    def _scores(self, i: int, logits: torch.Tensor) -> torch.Tensor:
+        """Row i's draft logits [r, V] as scores over the target's ids (the same ids here)."""
+        return logits
+
+    def _model_ids(self, i: int, target_ids: list[int]) -> list[int]:
+        """Tree tokens (target ids) as the draft model's input ids (the same ids here)."""
+        return target_ids
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.valid[row] = min(self.valid[row], num_context_tokens - 1)

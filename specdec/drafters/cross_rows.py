@@ -1,0 +1,125 @@
+"""A draft with another tokenizer drafting for every row of a batch: one packed draft forward per step.
+
+CrossTokenizerDrafter's loop (drafters/cross_tokenizer.py), batched like ModelRows: each row keeps its
+own draft-token history on its own block table, all of them on one draft page pool of their own (a
+row's draft positions are its own text's, not the target's), and its own mode (auto decides per row at
+its first proposal, as the one-sequence drafter decides per generation). A proposal syncs every
+drafting row in one forward (each rolls its draft KV back to the longest prefix that still matches its
+committed text re-encoded, and runs the rest), then runs one forward per further draft position over
+the rows still drafting: text rows take the draft's argmax in its own ids and re-encode the text at the
+end; intersection rows pick over the shared tokens in target ids (processed like the target's rows; q
+kept when sampling). Intersection trees grow one depth per forward (ModelRows' loop, through the
+vocabulary map); a text row's tree is its chain. No prefill at begin: a row's first proposal catches
+up, so a row the planner never drafts for never costs a draft forward.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..cache.pool import BlockTable, PagePool, common_prefix
+from ..hf.batch_runner import BatchRunner, RowForward
+from ..hf.runner import max_positions_of
+from .base import Draft, DraftContext, DraftSetup
+from .model_rows import ModelRows, chain_drafts, pick_rows
+
+
+class CrossTokenizerRows(ModelRows):
+    """DraftRows for a CrossTokenizerDrafter (its model, tokenizers, map and options; one row each)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.runner: BatchRunner | None = None
+        self.tables: list[BlockTable] = []
+        self.valid: list[int] = []
+        self.ids: list[list[int]] = []  # each row's draft ids whose KV its table holds (valid of them)
+        self.active: list[str | None] = []
+        self.agreement: list[float | None] = []
+
+    def begin(self, setups: list[DraftSetup]) -> None:
+        d = self.drafter
+        device = next(d.model.parameters()).device
+        per_row = -(-(max_positions_of(d.model) or 8192) // d.page_size) + 1
+        pool = PagePool(per_row * len(setups), d.page_size)  # page tensors grow with use, not with this
+        self.runner = BatchRunner(d.model, pool, lean=d.lean, exact=False)
+        self.tables = [BlockTable(pool, device) for _ in setups]
+        self.valid = [0] * len(setups)
+        self.ids = [[] for _ in setups]
+        auto = d.mode == "auto"
+        self.active = [None if auto else d.active for _ in setups]
+        self.agreement = [d.usable_agreement(s.prompt.tolist()) if auto and s.prompt is not None else None
+                          for s in setups]
+
+    def _mode(self, i: int, ctx: DraftContext) -> str:
+        if self.active[i] is None:
+            self.active[i] = self.drafter.mode_for(ctx, self.agreement[i])
+        return self.active[i]
+
+    def _catch_up(self, i: int, ctx: DraftContext) -> RowForward:
+        """Row i synced to its committed text: its draft KV kept where the re-encoded ids still match."""
+        want = self.drafter._draft_ids(ctx.tokens.tolist())
+        keep = min(common_prefix(self.ids[i], want), len(want) - 1)
+        self.tables[i].truncate(keep)
+        self.ids[i] = want
+        self.valid[i] = len(want)
+        return RowForward(self.tables[i], keep, torch.tensor(want[keep:], dtype=torch.long, device=self.tables[i].device),
+                          logits_rows=1)
+
+    def _scores(self, i: int, logits: torch.Tensor) -> torch.Tensor:
+        return self.drafter.vocab.target_scores(logits, self.drafter.target_vocab)
+
+    def _model_ids(self, i: int, target_ids: list[int]) -> list[int]:
+        return self.drafter.vocab.to_draft[torch.tensor(target_ids, dtype=torch.long)].tolist()
+
+    def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
+        live = [(i, ctx, k) for i, ctx, k in requests if k > 0]
+        modes = {i: self._mode(i, ctx) for i, ctx, _ in live}
+        out: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # target ids (intersection rows)
+        qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
+        drafted: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # draft ids (text rows)
+        eos = self.drafter.draft_tok.eos_token_id
+        forwards = [self._catch_up(i, ctx) for i, ctx, _ in live]
+        while live:
+            logits = self.runner.forward(forwards)
+            shared = [(row, lg) for row, lg in zip(live, logits) if modes[row[0]] == "intersection"]
+            picks = dict(zip([row[0] for row, _ in shared], pick_rows(
+                [row for row, _ in shared], [self._scores(row[0], lg) for row, lg in shared], out, qs))) if shared else {}
+            forwards, still = [], []
+            for (i, ctx, k), lg in zip(live, logits):
+                if modes[i] == "intersection":
+                    n, x = len(out[i]), int(self.drafter.vocab.to_draft[picks[i]])
+                else:
+                    x = int(lg[0].argmax())
+                    drafted[i].append(x)
+                    n = k if x == eos else len(drafted[i])
+                if n < k:  # run the pick: its logits are the next position's
+                    forwards.append(RowForward(self.tables[i], self.valid[i],
+                                               torch.tensor([x], dtype=torch.long, device=self.tables[i].device),
+                                               logits_rows=1))
+                    self.ids[i].append(x)
+                    self.valid[i] += 1
+                    still.append((i, ctx, k))
+            live = still
+        drafts = chain_drafts(requests, out, qs)
+        for j, (i, ctx, k) in enumerate(requests):
+            if modes.get(i) == "text":
+                tokens = self.drafter._retokenized(ctx.tokens.tolist(), drafted[i], k)
+                drafts[j] = Draft.from_lists(tokens, None, ctx.tokens.device)
+        return drafts
+
+    def propose_trees(self, requests: list) -> list[Draft]:
+        """Intersection rows grow their trees together (ModelRows' loop); a text row's tree is its chain
+        of at most the spec's depth."""
+        shared = [r for r in requests if self._mode(r[0], r[1]) == "intersection"]
+        text = [(i, ctx, min(budget, spec.depth)) for i, ctx, spec, budget in requests
+                if self.active[i] == "text"]
+        got = dict(zip([r[0] for r in shared], super().propose_trees(shared))) if shared else {}
+        got.update(zip([r[0] for r in text], self.propose(text))) if text else None
+        return [got[r[0]] for r in requests]
+
+    def accept(self, row: int, num_context_tokens: int) -> None:
+        pass  # the next sync rolls the row's draft back to its committed text, whatever was accepted
+
+    def end(self) -> None:
+        for table in self.tables:
+            table.release()
+        self.runner, self.tables, self.valid, self.ids = None, [], [], []
