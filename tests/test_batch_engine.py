@@ -7,6 +7,7 @@ draws fails the test); the planner backs off to plain batched decoding when veri
 grow with the tokens verified; nothing leaks when the budget is exhausted."""
 import copy
 import functools
+import inspect
 
 import pytest
 import torch
@@ -149,15 +150,16 @@ def test_an_exhausted_budget_names_it_and_frees_every_row():
 def _coupled(monkeypatch):
     """A lossy variant for the power check: every row of a step draws from the same random stream."""
     step, commit = batch_mod._step, batch_mod._commit
+    step_args, commit_args = inspect.signature(step), inspect.signature(commit)
     seed = {"state": None}
 
-    def step_(*args):
-        seed["state"] = args[6].get_state()  # the generator
-        return step(*args)
+    def step_(*args, **kwargs):
+        seed["state"] = step_args.bind(*args, **kwargs).arguments["generator"].get_state()
+        return step(*args, **kwargs)
 
-    def commit_(*args):
-        args[9].set_state(seed["state"])  # the generator
-        return commit(*args)
+    def commit_(*args, **kwargs):
+        commit_args.bind(*args, **kwargs).arguments["generator"].set_state(seed["state"])
+        return commit(*args, **kwargs)
 
     monkeypatch.setattr(batch_mod, "_step", step_)
     monkeypatch.setattr(batch_mod, "_commit", commit_)
