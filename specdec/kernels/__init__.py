@@ -21,7 +21,8 @@ import os
 import torch
 
 from .compaction import compact_kv, compact_kv_ref, slots_for
-from .tree_attention import tree_attention, tree_attention_ref
+from .tree_attention import tree_attention
+from .tree_attention_ref import tree_attention_ref
 from .tree_rows import KernelRows, tree_attention_rows, tree_attention_rows_ref
 
 __all__ = [

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ..transfer import to_device
-from .tree_attention import _DTYPES, _check_args, _interpreting, launch, tree_attention_ref, triton
+from .tree_attention import _interpreting, launch, triton
+from .tree_attention_ref import _DTYPES, _check_args, tree_attention_ref
 
 
 @dataclass
