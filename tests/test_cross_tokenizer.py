@@ -1,7 +1,7 @@
 """Drafts with another tokenizer (drafters/cross_tokenizer.py): greedy output is the target's own in both
 modes, the shared-vocabulary map is right (a draft that is the target under permuted ids is accepted),
 sampled output follows the target's distribution in intersection mode (and a lossy q fails the same
-test), and the bad inputs get clear errors."""
+test; chains and trees, one sequence and batched), and the bad inputs get clear errors."""
 import copy
 import json
 
@@ -160,10 +160,12 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
     assert p > 1e-3 if lossless else p < 1e-6
 
 
-@pytest.mark.parametrize("lossy", [False, True], ids=["exact", "q scaled (control)"])
-def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypatch, lossy):
-    """Two rows of one batch drafted together over the shared tokens: each row's 4 sampled tokens follow
-    the target's joint distribution; scaling the q the rows keep (as LossyQ does) is caught."""
+@pytest.mark.parametrize("tree, lossy", [(None, False), (None, True), (TreeSpec.static([2, 1]), False)],
+                         ids=["chains", "chains, q scaled (control)", "trees"])
+def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypatch, tree, lossy):
+    """Two rows of one batch drafted together over the shared tokens, chains and static [2, 1] trees: each
+    row's 4 sampled tokens follow the target's joint distribution; scaling the q the rows keep (as LossyQ
+    does) is caught."""
     from specdec.drafters import cross_rows
 
     target = tiny_vocab_model(4, seed=0, scale=4.0)
@@ -181,7 +183,7 @@ def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypat
         monkeypatch.setattr(cross_rows, "chain_drafts", scaled)
     drafter = CrossTokenizerDrafter(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"),
                                     char_tokenizer("abcd"), mode="intersection", min_shared=1)
-    model = specdec.wrap(target, drafter=drafter, draft_length=2)
+    model = specdec.wrap(target, drafter=drafter, **(dict(tree=tree) if tree else dict(draft_length=2)))
     ids = SAMPLE_PROMPT.repeat(2, 1)
     counts = [{}, {}]
     torch.manual_seed(2468)
@@ -193,25 +195,6 @@ def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypat
             counts[i][key] = counts[i].get(key, 0) + 1
     p = [gof(exact, c, SAMPLES) for c in counts]
     assert min(p) < 1e-6 if lossy else min(p) > 1e-3, p
-
-
-@pytest.mark.parametrize("acceptance, lossless", [("exact", True), ("typical", False)])
-def test_sampled_trees_through_the_intersection_follow_the_target(acceptance, lossless):
-    """The same pair drafting a static [2, 1] tree over the shared tokens: the exact joint distribution of
-    4 sampled tokens is reproduced; lossy typical acceptance over the same trees is caught."""
-    target = tiny_vocab_model(4, seed=0, scale=4.0)
-    exact = exact_joint(target)
-    drafter = CrossTokenizerDrafter(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"),
-                                    char_tokenizer("abcd"), mode="intersection", min_shared=1)
-    model = specdec.wrap(target, drafter=drafter, tree=TreeSpec.static([2, 1]), acceptance=acceptance)
-    counts = {}
-    torch.manual_seed(4321)
-    for _ in range(SAMPLES):
-        seq = model.generate(SAMPLE_PROMPT, max_new_tokens=SAMPLE_NEW, do_sample=True, temperature=0.9, top_k=3)
-        key = tuple(seq[0, SAMPLE_PROMPT.shape[1]:].tolist())
-        counts[key] = counts.get(key, 0) + 1
-    p = gof(exact, counts, SAMPLES)
-    assert p > 1e-3 if lossless else p < 1e-6
 
 
 def test_cross_tokenizer_errors_name_the_problem(zoo_target):
