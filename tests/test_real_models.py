@@ -81,7 +81,9 @@ def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, reque
 
 def test_a_padded_smollm2_batch_gives_every_row_its_own_greedy_output(smollm2):
     """Three chat turns of different lengths, left-padded, through the batched engine (a self draft drafting
-    all rows per forward, an n-gram static tree): each row equals the model's own unpadded greedy output."""
+    all rows per forward, an n-gram static tree, early exit at layer 15 on its own pages, the shipped head's
+    chains and its dynamic trees under the adaptive node budget): each row equals the model's own unpadded
+    greedy output."""
     model, tok = smollm2
     asks = ["What is a lighthouse?", "Name three colours of the sea and say why each appears.",
             "Why do lighthouses have lenses? Answer briefly, in two lines."]
@@ -92,12 +94,15 @@ def test_a_padded_smollm2_batch_gives_every_row_its_own_greedy_output(smollm2):
     T = ids.shape[1]
     own = [model.generate(torch.tensor([r]), attention_mask=torch.ones(1, len(r), dtype=torch.long), max_new_tokens=16,
                           do_sample=False)[0, len(r):] for r in rows]
-    choices = [dict(drafter=model, draft_length=3), dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1]))]
+    choices = [dict(drafter=model, draft_length=3), dict(drafter="ngram", tree=specdec.TreeSpec.static([2, 1, 1])),
+               dict(drafter=EarlyExit(model, exit_layer=15), draft_length=2)]
     head = specdec.zoo.head_for("smollm2-135m-instruct")
     if head is not None:  # the shipped head, every row's chain in one head forward per draft step
         from specdec.drafters import FeatureHead
 
-        choices.append(dict(drafter=FeatureHead.from_pretrained(specdec.zoo.path(head), model), draft_length=3))
+        drafter = FeatureHead.from_pretrained(specdec.zoo.path(head), model)
+        choices += [dict(drafter=drafter, draft_length=3),
+                    dict(drafter=drafter, tree=specdec.TreeSpec.dynamic(nodes=8, depth=3, topk=2))]
     for options in choices:
         out = specdec.generate(model, ids, attention_mask=mask, max_new_tokens=16, pad_token_id=pad,
                                return_dict_in_generate=True, **options)
