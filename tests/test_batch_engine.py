@@ -280,8 +280,16 @@ def test_every_probe_step_halves_the_plan_or_drafts_a_little_after_plain_steps()
     for n in (2, 6, 10):
         for _ in range(5):
             steep.observe(n, 0.010 * n, [], 0.0)
-    plans = [steep.plan([_tracker(0.3)] * 2, [4, 1]) for _ in range(8)]
-    assert plans[0] == [0, 0] and plans[3] == [2, 1] and plans[4] == [0, 0]  # plain decoding still probes
+    plans = [steep.plan([_tracker(0.3)] * 2, [4, 1]) for _ in range(12)]
+    assert plans[0] == [0, 0] and plans[4] == [0, 0]  # plain decoding still probes: a quarter of the rows
+    assert plans[3] == [2, 0] and plans[11] == [0, 1]  # (at least one), in turn, capped
+    rows = BatchPlanner(max_length=4, probe_every=1)
+    for n in (8, 16, 24):
+        for _ in range(5):
+            rows.observe(n, 0.010 * n, [], 0.0)
+    probed = [rows.plan([_tracker(0.3)] * 8, [4] * 8) for _ in range(4)]
+    assert [sum(k > 0 for k in ks) for ks in probed] == [2, 0, 2, 0]  # intervals 1, 2: rows 0-1, then 2-3
+    assert probed[0][:2] == [2, 2] and probed[2][2:4] == [2, 2]
 
 
 def test_probes_from_plain_decoding_back_off_while_speculation_does_not_pay():

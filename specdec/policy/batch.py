@@ -31,9 +31,12 @@ first `tree_warmup` tree steps, and every probe, draft its whole spec so every r
 `tree_nodes` (a constant draft_length) fixes every budget at min(k, the spec's nodes) instead.
 
 Probes: every `probe_every` steps a drafting plan is halved, and plain decoding drafts `probe_length`
-tokens per row, or it would never learn again. A probe from plain decoding costs the whole batch a draft
-forward; while probes keep finding that speculation does not pay, the interval doubles (up to
-`max_probe_every`), and it returns to `probe_every` as soon as a plan drafts.
+tokens (a tree: its whole spec) for a quarter of the rows (at least one, in turn), or it would never
+learn again. A quarter, not all: a probe from plain decoding measures what the next plan needs (the
+probed rows' acceptance now, and the verify cost just above plain), and with every row drafting it
+would cost the batch a catch-up over every row's text and a forward over 3B tokens. While probes keep
+finding that speculation does not pay, the interval doubles (up to `max_probe_every`), and it returns
+to `probe_every` as soon as a plan drafts.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class BatchPlanner:
         self.probe_length = min(probe_length, self.max_length)
         self.interval = probe_every  # steps between probes now (doubles while plain decoding keeps winning)
         self._since_probe = 0
+        self._probes = 0  # probes from plain decoding so far (whose turn the next one is)
         self.together = together  # the rows draft in one forward per draft position (see the module doc)
         self.costs = CostModel()  # its "draft token" is one sequential draft step here
         self.tree_nodes = tree_nodes  # dynamic trees: a fixed node budget (None: planned, see node_budgets)
@@ -83,10 +87,18 @@ class BatchPlanner:
                 if drafting:
                     ks = [k // 2 for k in ks]
                 else:
-                    ks = [min(self.probe_length, cap) for cap in caps]
+                    ks = [min(self.probe_length, cap) if turn else 0 for turn, cap in zip(self._probed(len(caps)), caps)]
                     self.interval = min(2 * self.interval, self.max_probe_every)
         self.history.append(ks)
         return ks
+
+    def _probed(self, rows: int) -> list[bool]:
+        """Which rows a probe from plain decoding drafts for: a quarter of them (at least one), in turn."""
+        m = max(1, rows // 4)
+        first = (self._probes * m) % rows
+        self._probes += 1
+        turn = {(first + j) % rows for j in range(m)}
+        return [i in turn for i in range(rows)]
 
     def node_budgets(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
         """One dynamic tree's node budget per row (0: the row does not draft); caps [B]: each row's spec's
@@ -101,9 +113,11 @@ class BatchPlanner:
             self._since_probe += 1
             if self.probe_every and self._since_probe >= self.interval:  # a probe drafts every rank
                 self._since_probe = 0
-                if not drafting:
+                if drafting:
+                    budgets = list(caps)
+                else:
+                    budgets = [cap if turn else 0 for turn, cap in zip(self._probed(len(caps)), caps)]
                     self.interval = min(2 * self.interval, self.max_probe_every)
-                budgets = list(caps)
             budgets = [cap if t.tree_steps < self.tree_warmup else b for t, b, cap in zip(trackers, budgets, caps)]
         self.history.append(budgets)
         return budgets
