@@ -68,25 +68,21 @@ def main() -> None:
     for k in a.hf_k:
         modes[f"HF UAD k={k}"] = hf(uad, k)
     modes["HF UAD default"] = hf(uad)
-    spec = {m: specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer=m)
-            for m in ("text", "intersection")}
-    for m, model in spec.items():
-        def run(ids, model=model):
+    def timed(model):
+        def run(ids):
             t0 = time.perf_counter()
             out = model.generate(ids, max_new_tokens=n, do_sample=False, return_dict_in_generate=True)
             return out.sequences, time.perf_counter() - t0, out.stats
-        modes[f"specdec {m} adaptive"] = run
+        return run
+
+    for m in ("text", "intersection"):
+        modes[f"specdec {m} adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
+                                                            assistant_tokenizer=dtok, cross_tokenizer=m))
     if a.tree:
         nodes, depth, topk = a.tree
         tree = specdec.TreeSpec.dynamic(nodes=nodes, depth=depth, topk=topk)
-        treed = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok,
-                             cross_tokenizer="intersection", tree=tree)
-
-        def run(ids, model=treed):
-            t0 = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=n, do_sample=False, return_dict_in_generate=True)
-            return out.sequences, time.perf_counter() - t0, out.stats
-        modes[f"specdec intersection {tree!r} adaptive"] = run
+        modes[f"specdec intersection {tree!r} adaptive"] = timed(specdec.wrap(
+            target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection", tree=tree))
     if a.only:
         modes = {name: run for name, run in modes.items() if name == "target-only" or any(o in name for o in a.only)}
     for run in modes.values():  # warm-up: one-off costs (the vocabulary map, lazy inits) are paid here
