@@ -20,14 +20,13 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from ..cache.paged import PagedKV
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
-from .head_model import HeadConfig, HeadNet, fingerprint
+from .head_model import HeadConfig, HeadNet, fingerprint, run_head
 from .model import draft_chain
 
 CONFIG_NAME, WEIGHTS_NAME = "head_config.json", "head.safetensors"
@@ -178,24 +177,6 @@ class FeatureHead:
             return sub
         full = sub.new_full((sub.shape[0], self.vocab_size), float("-inf"))
         return full.index_copy_(1, self.net.vocab_ids, sub)
-
-
-def run_head(net: HeadNet, kv: PagedKV, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
-    """The head's layers over entries: feats [n, H] (projected target features or predicted ones), tokens
-    [n], positions [n]; their KV goes to write_slots [n] of `kv`, attention reads read_slots [R] under mask
-    [n, R] bool (None: every read slot visible). Returns the predicted features [n, H] (after the head's norm).
-    One sequence's entries, or a batch's packed with a block-diagonal mask (drafters/head_rows.py)."""
-    x = net.inputs(feats, tokens)[None]  # [1, n, H]
-    cos, sin = net.rope(positions, x.dtype)
-    cos, sin = cos[None, None], sin[None, None]
-    attn_mask = None if mask is None else mask[None, None]
-    for i, layer in enumerate(net.layers):
-        q, k, v = layer.qkv(x, cos, sin)
-        kv.write(i, write_slots, k, v)
-        keys, vals = kv.gather(i, read_slots)
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
-        x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
-    return net.norm(x[0])
 
 
 def check_head_matches(config: HeadConfig, target, check_fingerprint: bool, where="the head") -> None:

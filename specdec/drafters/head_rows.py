@@ -12,6 +12,8 @@ row's frontier.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..cache.paged import PagedKV
@@ -19,8 +21,11 @@ from ..transfer import to_device
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
-from .feature_head import FeatureHead, run_head
+from .head_model import run_head
 from .model_rows import chain_drafts, pick_rows, tree_drafts
+
+if TYPE_CHECKING:
+    from .feature_head import FeatureHead
 
 
 class HeadRows:
