@@ -30,8 +30,7 @@ class CrossTokenizerRows(ModelRows):
         self.drafter = drafter
         self.runner: BatchRunner | None = None
         self.tables: list[BlockTable] = []
-        self.valid: list[int] = []
-        self.ids: list[list[int]] = []  # each row's draft ids whose KV its table holds (valid of them)
+        self.ids: list[list[int]] = []  # each row's draft ids whose KV its table holds
         self.active: list[str | None] = []
         self.agreement: list[float | None] = []
 
@@ -42,12 +41,16 @@ class CrossTokenizerRows(ModelRows):
         pool = PagePool(per_row * len(setups), d.page_size)  # page tensors grow with use, not with this
         self.runner = BatchRunner(d.model, pool, lean=d.lean, exact=False)
         self.tables = [BlockTable(pool, device) for _ in setups]
-        self.valid = [0] * len(setups)
         self.ids = [[] for _ in setups]
         auto = d.mode == "auto"
         self.active = [None if auto else d.active for _ in setups]
         self.agreement = [d.usable_agreement(s.prompt.tolist()) if auto and s.prompt is not None else None
                           for s in setups]
+
+    @property
+    def valid(self) -> list[int]:
+        """Each row's draft KV length (ModelRows' tree loop reads it): its ids'."""
+        return [len(ids) for ids in self.ids]
 
     def _mode(self, i: int, ctx: DraftContext) -> str:
         if self.active[i] is None:
@@ -60,7 +63,6 @@ class CrossTokenizerRows(ModelRows):
         keep = min(common_prefix(self.ids[i], want), len(want) - 1)
         self.tables[i].truncate(keep)
         self.ids[i] = want
-        self.valid[i] = len(want)
         return RowForward(self.tables[i], keep, torch.tensor(want[keep:], dtype=torch.long, device=self.tables[i].device),
                           logits_rows=1)
 
@@ -92,11 +94,10 @@ class CrossTokenizerRows(ModelRows):
                     drafted[i].append(x)
                     n = k if x == eos else len(drafted[i])
                 if n < k:  # run the pick: its logits are the next position's
-                    forwards.append(RowForward(self.tables[i], self.valid[i],
+                    forwards.append(RowForward(self.tables[i], len(self.ids[i]),
                                                torch.tensor([x], dtype=torch.long, device=self.tables[i].device),
                                                logits_rows=1))
                     self.ids[i].append(x)
-                    self.valid[i] += 1
                     still.append((i, ctx, k))
             live = still
         drafts = chain_drafts(requests, out, qs)
@@ -112,8 +113,11 @@ class CrossTokenizerRows(ModelRows):
         shared = [r for r in requests if self._mode(r[0], r[1]) == "intersection"]
         text = [(i, ctx, min(budget, spec.depth)) for i, ctx, spec, budget in requests
                 if self.active[i] == "text"]
-        got = dict(zip([r[0] for r in shared], super().propose_trees(shared))) if shared else {}
-        got.update(zip([r[0] for r in text], self.propose(text))) if text else None
+        got = {}
+        if shared:
+            got.update(zip([r[0] for r in shared], super().propose_trees(shared)))
+        if text:
+            got.update(zip([r[0] for r in text], self.propose(text)))
         return [got[r[0]] for r in requests]
 
     def accept(self, row: int, num_context_tokens: int) -> None:
@@ -122,4 +126,4 @@ class CrossTokenizerRows(ModelRows):
     def end(self) -> None:
         for table in self.tables:
             table.release()
-        self.runner, self.tables, self.valid, self.ids = None, [], [], []
+        self.runner, self.tables, self.ids = None, [], []

@@ -34,9 +34,8 @@ import torch
 from ..cache.pool import BlockTable, PagePool, common_prefix
 from ..hf.runner import ModelRunner, max_positions_of
 from ..tree import TreeGrower, TreeSpec
-from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
-from .model import draft_chain, model_runner, vocab_size_of
+from .model import draft_chain, grow_tree, model_runner, vocab_size_of
 from .vocab_map import VocabMap, span_agreement
 
 MODES = ("auto", "intersection", "text")
@@ -180,17 +179,9 @@ class CrossTokenizerDrafter:
         if grower.budget <= 0:
             return Draft.empty(device)
         vocab, tv = self.vocab, self.target_vocab
-        logits = self._sync(ctx.tokens.tolist())
-        frontier = grower.expand(probs_from_scores(ctx.process(vocab.target_scores(logits, tv), ctx.tokens, [[]])))
-        root_pos = len(self.ids) - 1
-        written: list[int] = []
-        while frontier and grower.level < spec.depth:
-            target_ids = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long)
-            tokens = vocab.to_draft[target_ids].to(self.table.device)
-            mask, paths = grower.frontier_block(frontier, written)
-            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=self.table.device)
-            logits = self.runner.forward_tree(tokens, block_pos, mask.to(self.table.device))
-            frontier = grower.expand(probs_from_scores(ctx.process(vocab.target_scores(logits, tv), ctx.tokens, paths)))
+        grow_tree(self.runner, grower, ctx, self._sync(ctx.tokens.tolist()), self.table.device,
+                  scores=lambda logits: vocab.target_scores(logits, tv),
+                  model_ids=lambda ids: vocab.to_draft[torch.tensor(ids, dtype=torch.long)].tolist())
         toks, parents = grower.result()
         return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 

@@ -20,6 +20,24 @@ from ..verifiers.sampling import probs_from_scores, sample
 from .base import Draft, DraftContext, DraftSetup
 
 
+def grow_tree(runner: ModelRunner, grower: TreeGrower, ctx: DraftContext, logits: torch.Tensor, device,
+              scores=lambda logits: logits, model_ids=lambda ids: ids) -> None:
+    """The tree-growing loop one-sequence model drafters share: expand `grower` from the root's draft
+    logits [1, V] (the catch-up's last row; the root sits at runner.valid - 1), then one forward_tree per
+    further depth over the frontier, written as scratch past the runner's valid KV. scores: draft logits
+    -> scores over the target's ids; model_ids: target ids -> the draft model's input ids (both the same
+    ids for a draft of the target's vocabulary; drafters/cross_tokenizer.py maps them)."""
+    frontier = grower.expand(probs_from_scores(ctx.process(scores(logits), ctx.tokens, [[]])))
+    root_pos = runner.valid - 1
+    written: list[int] = []  # grower ids with KV in the scratch block, in block order
+    while frontier and grower.level < grower.spec.depth:
+        tokens = torch.tensor(model_ids([grower.tokens[a] for a in frontier]), dtype=torch.long, device=device)
+        mask, paths = grower.frontier_block(frontier, written)
+        block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
+        logits = runner.forward_tree(tokens, block_pos, mask.to(device))
+        frontier = grower.expand(probs_from_scores(ctx.process(scores(logits), ctx.tokens, paths)))
+
+
 def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -> Draft:
     """The chain-drafting loop every autoregressive drafter shares: process the draft logits [1, V] like
     the target's rows, pick (argmax, or sample and keep q), stop at the budget or the policy's stop rule,
@@ -117,16 +135,7 @@ class ModelDrafter:
         grower = TreeGrower(spec, budget)
         if grower.budget <= 0:
             return Draft.empty(device)
-        logits = runner.forward(ctx.tokens[runner.valid:], logits_rows=1)  # catch up; the root's row
-        frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, [[]])))
-        root_pos = runner.valid - 1
-        written: list[int] = []  # grower ids with KV in the scratch block, in block order
-        while frontier and grower.level < spec.depth:
-            tokens = torch.tensor([grower.tokens[a] for a in frontier], dtype=torch.long, device=device)
-            mask, paths = grower.frontier_block(frontier, written)
-            block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
-            logits = runner.forward_tree(tokens, block_pos, mask.to(device))
-            frontier = grower.expand(probs_from_scores(ctx.process(logits, ctx.tokens, paths)))
+        grow_tree(runner, grower, ctx, runner.forward(ctx.tokens[runner.valid:], logits_rows=1), device)
         toks, parents = grower.result()
         return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
 

@@ -74,10 +74,7 @@ class ModelRows:
         live = [(i, ctx, k) for i, ctx, k in requests if k > 0]
         out: dict[int, list[int]] = {i: [] for i, _, _ in requests}
         qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
-        forwards = [RowForward(self.tables[i], self.valid[i], ctx.tokens[self.valid[i]:], logits_rows=1)
-                    for i, ctx, _ in live]
-        for i, ctx, _ in live:
-            self.valid[i] = ctx.tokens.numel()
+        forwards = [self._catch_up(i, ctx) for i, ctx, _ in live]
         while live:
             tokens = pick_rows(live, self.runner.forward(forwards), out, qs)
             forwards, still = [], []

@@ -75,22 +75,26 @@ class BatchPlanner:
         """One draft length per live row; caps [B]: the most each row may draft (tokens it has left)."""
         if self.fixed is not None:
             ks = [min(self.fixed, cap) for cap in caps]
-        else:
-            ks = self._greedy(trackers, [min(self.max_length, cap) for cap in caps])
-            drafting = any(ks)
-            if drafting:
-                self.interval = self.probe_every
-            self._since_probe += 1
-            if self.probe_every and self._since_probe >= self.interval:
-                # a plan that drafts is halved; plain decoding drafts a little, or it would never learn again
-                self._since_probe = 0
-                if drafting:
-                    ks = [k // 2 for k in ks]
-                else:
-                    ks = [min(self.probe_length, cap) if turn else 0 for turn, cap in zip(self._probed(len(caps)), caps)]
-                    self.interval = min(2 * self.interval, self.max_probe_every)
+        else:  # a probe halves a drafting plan; from plain decoding it drafts a little, or it never learns again
+            ks = self._probing(self._greedy(trackers, [min(self.max_length, cap) for cap in caps]), caps,
+                               lambda ks: [k // 2 for k in ks], lambda cap: min(self.probe_length, cap))
         self.history.append(ks)
         return ks
+
+    def _probing(self, plan: list[int], caps: list[int], when_drafting, probe_size) -> list[int]:
+        """The probe schedule chains and trees share (see the module doc): `plan` as it is, or at a probe
+        step when_drafting(plan) if it drafts, else probe_size(cap) for a quarter of the rows."""
+        drafting = any(plan)
+        if drafting:
+            self.interval = self.probe_every
+        self._since_probe += 1
+        if not (self.probe_every and self._since_probe >= self.interval):
+            return plan
+        self._since_probe = 0
+        if drafting:
+            return when_drafting(plan)
+        self.interval = min(2 * self.interval, self.max_probe_every)
+        return [probe_size(cap) if turn else 0 for turn, cap in zip(self._probed(len(caps)), caps)]
 
     def _probed(self, rows: int) -> list[bool]:
         """Which rows a probe from plain decoding drafts for: a quarter of them (at least one), in turn."""
@@ -105,48 +109,20 @@ class BatchPlanner:
         nodes (after its depth was cut to the tokens it has left). See the module doc."""
         if self.tree_nodes is not None:
             budgets = [min(self.tree_nodes, cap) for cap in caps]
-        else:
-            budgets = self._greedy_nodes(trackers, caps)
-            drafting = any(budgets)
-            if drafting:
-                self.interval = self.probe_every
-            self._since_probe += 1
-            if self.probe_every and self._since_probe >= self.interval:  # a probe drafts every rank
-                self._since_probe = 0
-                if drafting:
-                    budgets = list(caps)
-                else:
-                    budgets = [cap if turn else 0 for turn, cap in zip(self._probed(len(caps)), caps)]
-                    self.interval = min(2 * self.interval, self.max_probe_every)
+        else:  # a probe drafts every rank: the whole spec
+            budgets = self._probing(self._greedy_nodes(trackers, caps), caps, lambda _: list(caps), lambda cap: cap)
             budgets = [cap if t.tree_steps < self.tree_warmup else b for t, b, cap in zip(trackers, budgets, caps)]
         self.history.append(budgets)
         return budgets
 
     def _greedy_nodes(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
-        rows = len(trackers)
-        rates = [t.per_rank(cap) for t, cap in zip(trackers, caps)]
-        budgets, gain = [0] * rows, float(rows)
         t_tree = self.t_tree if self.t_tree is not None else self.costs.t_draft
 
-        def rate() -> float:
+        def draft_s(budgets: list[int]) -> float:
             drafting = sum(1 for b in budgets if b)
-            steps = min(1, drafting) if self.together else drafting
-            return gain / max(1e-12, self.costs.t_verify(rows + sum(budgets)) + t_tree * steps)
+            return t_tree * (min(1, drafting) if self.together else drafting)
 
-        best, best_b = rate(), list(budgets)
-        while True:
-            options = [(rates[i][budgets[i]], i) for i in range(rows) if budgets[i] < caps[i]]
-            if not options:
-                break
-            rho, i = max(options)
-            if rho <= 0.0:
-                break
-            budgets[i] += 1
-            gain += rho
-            r = rate()
-            if r > best:
-                best, best_b = r, list(budgets)
-        return best_b
+        return self._best_on_path([t.per_rank(cap) for t, cap in zip(trackers, caps)], draft_s)
 
     def observe_trees(self, total_tokens: int, verify_s: float, budgets: list[int], draft_s: float) -> None:
         """A tree step: its forward ran total_tokens tokens in verify_s; rows drafted trees of budgets[i]
@@ -158,29 +134,37 @@ class BatchPlanner:
             self.t_tree = self.costs._ema(self.t_tree, per_step)
 
     def _greedy(self, trackers: list[AcceptanceTracker], caps: list[int]) -> list[int]:
-        rows = len(trackers)
-        rates = [t.per_position for t in trackers]
-        ks, reach = [0] * rows, [1.0] * rows  # reach[i]: P(row i's first k_i drafts all accepted)
-        gain = float(rows)  # every row emits one token per step
-        drafted = 0
+        gains = []  # row i's k-th token is emitted with P(its first k drafts all accepted)
+        for t, cap in zip(trackers, caps):
+            rates, reach, row = t.per_position, 1.0, []
+            for k in range(cap):
+                reach *= _at(rates, k)
+                row.append(reach)
+            gains.append(row)
         d = self.costs.t_draft
+        return self._best_on_path(gains, lambda ks: d * (max(ks, default=0) if self.together else sum(ks)))
+
+    def _best_on_path(self, gains: list[list[float]], draft_s) -> list[int]:
+        """The greedy search chains and trees share (see the module doc): from plain decoding (every row
+        emits one token), add the row's next draft token or node with the largest gains[i][k_i] (a gain
+        that only falls as k_i grows); keep the plan with the best rate on that path, gain over
+        T_verify(rows + sum k) + draft_s(k)."""
+        rows = len(gains)
+        ks, gain = [0] * rows, float(rows)
 
         def rate() -> float:
-            steps = max(ks) if self.together else drafted
-            return gain / max(1e-12, self.costs.t_verify(rows + drafted) + d * steps)
+            return gain / max(1e-12, self.costs.t_verify(rows + sum(ks)) + draft_s(ks))
 
         best, best_ks = rate(), list(ks)
         while True:
-            options = [(reach[i] * _at(rates[i], ks[i]), i) for i in range(rows) if ks[i] < caps[i]]
+            options = [(g[k], i) for i, (g, k) in enumerate(zip(gains, ks)) if k < len(g)]
             if not options:
                 break
             p, i = max(options)
             if p <= 0.0:
                 break
-            reach[i] = p
             ks[i] += 1
             gain += p
-            drafted += 1
             r = rate()
             if r > best:
                 best, best_ks = r, list(ks)
