@@ -144,3 +144,30 @@ def test_a_saved_head_continues_on_a_new_machine(tmp_path, zoo_target):
     a = FeatureHead.from_pretrained(first.out, target).net
     b = FeatureHead.from_pretrained(moved.out, target).net
     assert torch.equal(a.vocab_ids, b.vocab_ids) and not torch.equal(a.fc.weight, b.fc.weight)
+
+
+def test_the_prompt_set_is_varied_prefix_stable_and_never_overlaps_the_benchmark():
+    """The composed prompt set draws from three families (everyday requests in many forms, task x topic,
+    code writing and editing); build(n) is a prefix of build(m) for n < m (a grown data build keeps its
+    shards); no prompt shares a five-word run with a benchmark prompt; a few percent are held out."""
+    from specdec.training import prompts
+
+    many = prompts.build(1200, seed=3)
+    assert prompts.build(300, seed=3) == many[:300] and prompts.build(300, seed=4) != many[:300]
+    users = [p["user"] for p in many]
+    assert len(set(users)) == len(users)
+    everyday = set(prompts.everyday_requests())
+    templated = {t.format(t=topic) for t in prompts.TASKS for topic in prompts.TOPICS}
+    edits = [u for u in users if "```python" in u]
+    n_everyday, n_templated = sum(u in everyday for u in users), sum(u in templated for u in users)
+    assert 0.3 < n_everyday / len(users) < 0.5 and 0.2 < n_templated / len(users) < 0.4 and 0.1 < len(edits) / len(users) < 0.2
+    assert all(p["kind"] == "code" for p in many if "```python" in p["user"])
+    bench = prompts.benchmark_shingles()
+    assert bench and not any(prompts._shingles(u) & bench for u in users)
+    # the filter has power: a benchmark prompt itself would be dropped
+    import json
+    from pathlib import Path
+    first = json.loads((Path(prompts.__file__).parents[2] / "benchmarks/prompts/chat.jsonl").read_text().splitlines()[0])
+    assert prompts._shingles(first["prompt"]) & bench
+    held = sum(prompts.is_heldout(p) for p in many) / len(many)
+    assert 0.01 < held < 0.08

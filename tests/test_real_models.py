@@ -227,3 +227,27 @@ def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw):
     assert torch.equal(out.sequences, ref)
     if "draft_length" in kw:  # fixed shapes (adaptive ones depend on measured time): the head's drafts get accepted
         assert out.stats.mean_accepted_length > 1.15
+
+
+def test_smollm2_plain_draft_is_exact_in_specdec_and_hf_assisted_and_drafts_well(smollm2):
+    """The shipped plain draft (two of SmolLM2's layers, distilled; its embedding joined from the target on
+    first use): specdec with it, float32 and int8, and HF's assisted generation with it all give SmolLM2's
+    own greedy output, and its drafts get accepted."""
+    from specdec.quantize import int8_draft
+
+    name = specdec.zoo.draft_for("smollm2-135m-instruct")
+    if name is None:
+        pytest.skip("no shipped plain draft for smollm2-135m-instruct yet")
+    model, tok = smollm2
+    draft, dtok = specdec.zoo.load(name)
+    assert dtok.get_vocab() == tok.get_vocab() and draft.config.num_hidden_layers < model.config.num_hidden_layers
+    assert torch.equal(draft.get_input_embeddings().weight, model.get_input_embeddings().weight)
+    ids = _prompt(model, tok)
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    out = specdec.generate(model, ids, drafter=draft, draft_length=3, max_new_tokens=NEW, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.acceptance_rate > 0.25, out.stats.acceptance_rate  # a draft that has learned the target
+    assert torch.equal(specdec.generate(model, ids, drafter=int8_draft(draft), max_new_tokens=NEW), ref)
+    hf = model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=NEW,
+                        do_sample=False)
+    assert torch.equal(hf, ref)

@@ -1,4 +1,5 @@
-"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list).
+"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list), train-head, head-card,
+train-draft.
 
 Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
 the fix, not a traceback.
@@ -81,7 +82,8 @@ def main(argv=None) -> None:
     s.add_argument("--target", default="target")
     s.add_argument("--drafts", nargs="*", help="model names, directories, hub ids, 'ngram' or 'early-exit:LAYER' "
                                                "(default: every zoo draft for the zoo target; ngram and early exit "
-                                               "at half and three quarters of the depth for any other)")
+                                               "at half and three quarters of the depth for any other, with its "
+                                               "shipped draft and feature head where it has them)")
     s.add_argument("--prompts", default=None)
     s.add_argument("--num-prompts", type=int, default=3)
     s.add_argument("--temperatures", default="0", help="comma-separated; 0 = greedy")
@@ -115,16 +117,18 @@ def main(argv=None) -> None:
     c.add_argument("--prompts", type=int, default=16)
     c.add_argument("--new-tokens", type=int, default=64)
     c.add_argument("--work", default="zoo_work")
-    from .heads import add_head_card_parser, add_train_head_parser, cmd_head_card, cmd_train_head
+    from .heads import (add_head_card_parser, add_train_draft_parser, add_train_head_parser, cmd_head_card,
+                        cmd_train_draft, cmd_train_head)
 
     add_train_head_parser(sub)
     add_head_card_parser(sub)
+    add_train_draft_parser(sub)
     a = ap.parse_args(argv)
     if getattr(a, "drafter", None) == "auto":
         a.drafter = _default_drafter(a.target)
     try:
         {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo,
-         "train-head": cmd_train_head, "head-card": cmd_head_card}[a.cmd](a)
+         "train-head": cmd_train_head, "head-card": cmd_head_card, "train-draft": cmd_train_draft}[a.cmd](a)
     except subprocess.CalledProcessError as e:
         raise SystemExit(f"specdec: {e}") from None
     except (ValueError, OSError, PoolExhausted) as e:

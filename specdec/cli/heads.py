@@ -1,9 +1,11 @@
-"""`specdec train-head`: train a feature head for a target (the command line of head_trainer.train_head)."""
+"""`specdec train-head`, `head-card` and `train-draft`: train a feature head or a plain draft for a target
+(the command lines of head_trainer.train_head and draft_trainer.train_draft)."""
 from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
 
+from ..training.draft_trainer import DraftTrainArgs
 from ..training.head_trainer import HeadTrainArgs
 
 
@@ -64,3 +66,29 @@ def cmd_head_card(a) -> None:
     card = measure_head(head_dir, target, tok, a.num_prompts, a.new_tokens)
     write_card(head_dir, card)
     print(to_markdown(card))
+
+
+def add_train_draft_parser(sub) -> None:
+    t = sub.add_parser("train-draft", help="distil a plain draft model (a few of the target's layers, its "
+                                           "embedding shared) from a feature-head run's data; resumable")
+    t.add_argument("--target", required=True, help="zoo or real model name, or a local HF folder")
+    t.add_argument("--data", required=True, help="a `specdec train-head` work folder (its data/ shards)")
+    t.add_argument("--out", required=True, help="the draft's folder (must not exist)")
+    t.add_argument("--work", default=None, help="checkpoint and log (default: OUT.work); rerun to resume")
+    defaults = DraftTrainArgs(target="", data=Path(), out=Path(), work=Path())
+    for f in fields(DraftTrainArgs):
+        if f.name in ("target", "data", "out", "work"):
+            continue
+        value = getattr(defaults, f.name)
+        t.add_argument("--" + f.name.replace("_", "-"), type=type(value) if value is not None else int, default=value)
+
+
+def cmd_train_draft(a) -> None:
+    from ..training.draft_trainer import train_draft
+
+    out = Path(a.out)
+    work = Path(a.work) if a.work else out.with_name(out.name + ".work")
+    kw = {f.name: getattr(a, f.name) for f in fields(DraftTrainArgs) if f.name not in ("target", "data", "out", "work")}
+    done = train_draft(DraftTrainArgs(target=a.target, data=Path(a.data), out=out, work=work, **kw))
+    print(f"draft saved to {done}" if done else f"stopped at step {a.stop_at}; rerun the same command to resume "
+          f"(checkpoint in {work})")

