@@ -10,17 +10,14 @@ is the target's LM head over its stored top feature.
 
 Data: the feature head trainer's shards (training/head_data.py: the target's self-distilled answers and
 standard-library text, with top features); pass the head run's work folder as `data`. Seeded and
-resumable exactly as the head trainer (same checkpoint format, batch i from a generator seeded by
-(seed, i)). Output: `draft_config.json` (the model's config, the target's name and weight fingerprint,
+resumable through the head trainer's loop (training/loop.py). Output: `draft_config.json` (the model's config, the target's name and weight fingerprint,
 what training did) and `draft.safetensors` (fp16; every weight but the shared embedding and LM head).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,8 +26,8 @@ import torch.nn as nn
 from safetensors.torch import save_file
 
 from ..drafters.head_model import fingerprint
-from . import head_data
-from .head_trainer import _load_checkpoint, _save_checkpoint, check_target, load_target
+from . import head_data, loop
+from .head_trainer import check_target, load_target
 
 
 @dataclass
@@ -153,13 +150,6 @@ def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset,
     return round(hits / max(1, total), 4)
 
 
-def lr_at(step: int, args: DraftTrainArgs) -> float:
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    frac = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
 def save_draft(draft, out: Path, target_name: str, target, extra: dict) -> Path:
     """draft_config.json + draft.safetensors (fp16, no shared tensors) into `out`, written beside it and
     renamed into place; refuses an existing folder."""
@@ -181,8 +171,6 @@ def save_draft(draft, out: Path, target_name: str, target, extra: dict) -> Path:
 
 def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
     """Train (resumable) and save the draft to args.out; None when args.stop_at ended the run early."""
-    from tqdm.auto import tqdm
-
     out, work = Path(args.out), Path(args.work)
     if out.exists():
         raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
@@ -210,44 +198,23 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     trainable = body(draft)
     opt = torch.optim.AdamW(trainable.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     work.mkdir(parents=True, exist_ok=True)
-    step, seconds = _load_checkpoint(work, trainable, opt)
-    t_start = time.monotonic() - seconds
-    log = (work / "log.jsonl").open("a")
+    step, seconds = loop.load_checkpoint(work, trainable, opt)
     if step == 0:
-        log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
-    bar = tqdm(total=args.steps, initial=step, desc="train-draft", disable=not progress)
-    last_ckpt = time.monotonic()
-    end = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
-    try:
-        while step < end:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args)
-            toks, feats, mask = make_batch(data, step, args)
-            loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable.parameters(), 1.0)
-            opt.step()
-            step += 1
-            bar.update(1)
-            if step % args.log_every == 0 or step == 1:
-                log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "agree": round(agree.item(), 4),
-                                      "time": round(time.time(), 1)}) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{agree.item():.2f}")
-            if step % args.eval_every == 0:
-                log.write(json.dumps({"step": step, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
-                log.flush()
-            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == end:
-                _save_checkpoint(work, trainable, opt, step, time.monotonic() - t_start)
-                last_ckpt = time.monotonic()
-    finally:
-        bar.close()
-        log.close()
+        with (work / "log.jsonl").open("a") as log:
+            log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
+
+    def batch_loss(i: int):
+        toks, feats, mask = make_batch(data, i, args)
+        loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
+        return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
+
+    step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
+                             batch_loss, lambda: {"heldout_agree": heldout_agreement(draft, target_head, data)},
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress)
     if step < args.steps:
         return None
     return save_draft(draft, out, args.target, target, {
-        "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(time.monotonic() - t_start),
+        "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),
         "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed,
         "args": {k: str(v) for k, v in asdict(args).items()}})

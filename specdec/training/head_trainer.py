@@ -4,19 +4,17 @@ Loss per unrolled step j (weight 0.8^j, training-time test over `ttt` steps): sm
 head's predicted top feature and the target's, plus `ce_weight` x the cross-entropy of the head's draft
 distribution against the target's own (its LM head over the true feature), both on the draft vocabulary.
 
-Seeded and resumable: batch i comes from a generator seeded by (seed, i); the checkpoint
-(work/checkpoint.safetensors + .json: head, AdamW state, step) is written atomically every few
-minutes, so a resumed run sees exactly the batches, and logs exactly the losses, an uninterrupted one
-would. work/log.jsonl has the losses and, every eval_every steps, held-out acceptance by position.
+Seeded and resumable (training/loop.py): batch i comes from a generator seeded by (seed, i) and the
+checkpoint (head, AdamW state, step) is written atomically every few minutes, so a resumed run sees
+exactly the batches, and logs exactly the losses, an uninterrupted one would. work/log.jsonl has the
+losses and, every eval_every steps, held-out acceptance by position.
 The finished head is saved to `out` (head.safetensors in fp16, head_config.json).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..drafters.head_model import HeadConfig, HeadNet
-from . import head_data
+from . import head_data, loop
 
 
 @dataclass
@@ -153,38 +151,6 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
     return {"accept": [round(a, 4) for a in accept], "tau": round(1 + sum(accept), 3), "positions": count}
 
 
-def _save_checkpoint(work: Path, net: HeadNet, opt, step: int, seconds: float) -> None:
-    tensors = {f"net.{k}": v for k, v in net.state_dict().items()}
-    state = opt.state_dict()
-    for i, st in state["state"].items():
-        for k, v in st.items():
-            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1)}
-    tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, work / "checkpoint.safetensors")
-    tmpj = work / f".tmp-{os.getpid()}-checkpoint.json"
-    tmpj.write_text(json.dumps(meta))
-    os.replace(tmpj, work / "checkpoint.json")
-
-
-def _load_checkpoint(work: Path, net: HeadNet, opt) -> tuple[int, float]:
-    """(step, training seconds so far) of the checkpoint in `work`, loaded into net and opt; (0, 0) if none."""
-    meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
-    if not (meta_path.exists() and ten_path.exists()):
-        return 0, 0.0
-    meta = json.loads(meta_path.read_text())
-    tensors = load_file(str(ten_path))
-    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-    opt_state: dict = {}
-    for k, v in tensors.items():
-        if k.startswith("opt."):
-            _, i, name = k.split(".", 2)
-            opt_state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
-    return int(meta["step"]), float(meta.get("seconds", 0.0))
-
-
 def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
     cfg = json.loads((path / "head_config.json").read_text())
     if cfg["target_fingerprint"] != net.config.target_fingerprint or list(cfg["feature_layers"]) != list(
@@ -232,13 +198,6 @@ def save_head(net: HeadNet, out: Path, extra: dict | None = None) -> Path:
     (tmp / "head_config.json").write_text(json.dumps(cfg, indent=1))
     os.replace(tmp, out)
     return out
-
-
-def lr_at(step: int, args: HeadTrainArgs) -> float:
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    frac = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
@@ -290,46 +249,24 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     net.to(device)
     net.init_from_target(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, seconds = _load_checkpoint(work, net, opt)
+    step, seconds = loop.load_checkpoint(work, net, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = _load_saved_head(Path(args.resume_from), net)
     net.bind(target)  # after any load: the LM-head rows it binds are those of the vocab_ids the head keeps
-    t_start = time.monotonic() - seconds
-    log = (work / "log.jsonl").open("a")
-    bar = tqdm(total=args.steps, initial=step, desc="train", disable=not progress)
-    last_ckpt = time.monotonic()
-    end = args.steps if args.stop_at is None else min(args.steps, args.stop_at)
-    try:
-        while step < end:
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, args)
-            feats, toks, mask = (t.to(device) for t in make_batch(data, step, args))
-            loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            step += 1
-            bar.update(1)
-            if step % args.log_every == 0 or step == 1:
-                rec = {"step": step, "loss": round(loss.item(), 5), "steps": stats, "time": round(time.time(), 1)}
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
-                bar.set_postfix(loss=f"{loss.item():.3f}", agree=f"{stats[0]['agree']:.2f}")
-            if step % args.eval_every == 0 or step == args.steps:
-                log.write(json.dumps({"step": step, "heldout": heldout_acceptance(net, target, data)}) + "\n")
-                log.flush()
-            if time.monotonic() - last_ckpt > 60 * args.ckpt_minutes or step == end:
-                _save_checkpoint(work, net, opt, step, time.monotonic() - t_start)
-                last_ckpt = time.monotonic()
-    finally:
-        bar.close()
-        log.close()
+
+    def batch_loss(i: int):
+        feats, toks, mask = (t.to(device) for t in make_batch(data, i, args))
+        loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
+        return loss, {"steps": stats}, {"agree": f"{stats[0]['agree']:.2f}"}
+
+    step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
+                             batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data)},
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train", progress)
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)
     return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens,
-                                "train_seconds": round(time.monotonic() - t_start), "data_sequences": len(data.train),
+                                "train_seconds": round(seconds), "data_sequences": len(data.train),
                                 "positions_seen": step * args.batch * args.seq_len, "seed": args.seed, "ttt": args.ttt,
                                 "heldout": final, "target": args.target,
                                 "args": {k: str(v) for k, v in asdict(args).items()}})

@@ -1,0 +1,102 @@
+"""The trainers' shared loop (feature heads and plain drafts): what makes a run seeded and resumable.
+
+Batch i is made by the caller from a generator seeded by (seed, i), so a run interrupted and resumed
+from its checkpoint sees exactly the batches, and logs exactly the losses, an uninterrupted one would.
+The checkpoint (work/checkpoint.safetensors + checkpoint.json: the trained module's state, AdamW's
+state, the step, the training seconds so far) is written to a temporary name and renamed, every few
+minutes and at the last step run. work/log.jsonl gets the losses every log_every steps and an
+evaluation every eval_every steps and at the final step.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
+    """Linear warm-up, then a cosine from lr down to lr / 10 at `steps`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float) -> None:
+    tensors = {f"net.{k}": v for k, v in module.state_dict().items()}
+    state = opt.state_dict()
+    for i, st in state["state"].items():
+        for k, v in st.items():
+            tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1)}
+    tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, work / "checkpoint.safetensors")
+    tmpj = work / f".tmp-{os.getpid()}-checkpoint.json"
+    tmpj.write_text(json.dumps(meta))
+    os.replace(tmpj, work / "checkpoint.json")
+
+
+def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float]:
+    """(step, training seconds so far) of the checkpoint in `work`, loaded into module and opt; (0, 0) if none."""
+    meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
+    if not (meta_path.exists() and ten_path.exists()):
+        return 0, 0.0
+    meta = json.loads(meta_path.read_text())
+    tensors = load_file(str(ten_path))
+    module.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    opt_state: dict = {}
+    for k, v in tensors.items():
+        if k.startswith("opt."):
+            _, i, name = k.split(".", 2)
+            opt_state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
+    return int(meta["step"]), float(meta.get("seconds", 0.0))
+
+
+def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
+        lr_at: Callable[[int], float], batch_loss: Callable[[int], tuple], evaluate: Callable[[], dict],
+        log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool) -> tuple[int, float]:
+    """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at).
+
+    batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`;
+    evaluate() -> the fields of an evaluation record. Returns (the step reached, training seconds in all)."""
+    from tqdm.auto import tqdm
+
+    t_start = time.monotonic() - seconds
+    end = steps if stop_at is None else min(steps, stop_at)
+    last_ckpt = time.monotonic()
+    bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    with (work / "log.jsonl").open("a") as log:
+        try:
+            while step < end:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step)
+                loss, record, shown = batch_loss(step)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                step += 1
+                bar.update(1)
+                if step % log_every == 0 or step == 1:
+                    log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), **record,
+                                          "time": round(time.time(), 1)}) + "\n")
+                    log.flush()
+                    bar.set_postfix(loss=f"{loss.item():.3f}", **shown)
+                if step % eval_every == 0 or step == steps:
+                    log.write(json.dumps({"step": step, **evaluate()}) + "\n")
+                    log.flush()
+                if time.monotonic() - last_ckpt > 60 * ckpt_minutes or step == end:
+                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start)
+                    last_ckpt = time.monotonic()
+        finally:
+            bar.close()
+    return step, time.monotonic() - t_start
