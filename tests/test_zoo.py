@@ -17,7 +17,11 @@ def test_zoo_lists_a_target_and_several_drafts_then_the_real_models():
     assert len(drafts) >= 3 and len(shipped) == len(drafts) + 1
     heads = specdec.zoo.heads()
     assert names[len(shipped):len(shipped) + len(heads)] == heads and "target-head" in heads
-    assert names[len(shipped) + len(heads):] == ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b-instruct"]
+    derived = specdec.zoo.drafts()  # drafts that borrow a real target's embedding, named '<target>-draft'
+    assert names[len(shipped) + len(heads):len(shipped) + len(heads) + len(derived)] == derived
+    assert "smollm2-135m-instruct-draft" in derived
+    assert names[len(shipped) + len(heads) + len(derived):] == ["smollm2-135m-instruct", "gemma3-270m",
+                                                                "qwen2.5-coder-1.5b-instruct"]
     assert all(specdec.zoo.status(n) == "shipped" for n in shipped)
 
 
