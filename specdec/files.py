@@ -1,10 +1,13 @@
 """Atomic file writes: a crash leaves the old file or the new one, never half of one.
 
 Reports, cards and checkpoints are written to a temporary name in the same folder, then renamed
-(os.replace is atomic on one file system)."""
+(os.replace is atomic on one file system); a trained model's folder is filled as a temporary folder and
+renamed the same way."""
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -26,3 +29,25 @@ def save_figure(fig, path, **kw) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def refuse_existing(out) -> None:
+    """A trainer's output folder must be new: say so before any work is done."""
+    if Path(out).exists():
+        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+
+
+@contextmanager
+def staged_folder(out):
+    """Yield a new temporary folder beside `out` (which must not exist); renamed to `out` when the block
+    completes, removed when it raises."""
+    out = Path(out)
+    refuse_existing(out)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -16,8 +16,6 @@ what training did) and `draft.safetensors` (fp16; every weight but the shared em
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import torch.nn as nn
 from safetensors.torch import save_file
 
 from ..drafters.head_model import fingerprint
+from ..files import refuse_existing, staged_folder
 from . import head_data, loop
 from .head_trainer import check_target, load_target
 
@@ -104,15 +103,8 @@ def make_batch(data: head_data.Dataset, step: int, args: DraftTrainArgs):
     """Batch `step`: windows of at most seq_len tokens -> tokens [B, T], the target's top features at those
     positions [B, T, H] (each predicts the following token) and mask [B, T] (positions whose next token is
     the target's answer, or text)."""
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-    rows = []
-    for i in torch.randint(len(data.train), (args.batch,), generator=g).tolist():
-        toks, feats, loss_from = data.train[i]
-        n = len(toks)
-        w = min(args.seq_len, n - 1)
-        lo = max(0, min(loss_from - 1, n - 1 - w)) if loss_from else 0
-        s = lo + int(torch.randint(max(1, n - 1 - w - lo + 1), (1,), generator=g))
-        rows.append((toks[s:s + w], feats[s:s + w], max(0, loss_from - 1 - s)))
+    rows = [(toks[s:s + w], feats[s:s + w], max(0, loss_from - 1 - s))
+            for toks, feats, loss_from, s, w in data.windows(step, args.seed, args.batch, args.seq_len, lead=1)]
     T = max(len(r[0]) for r in rows)
     H = rows[0][1].shape[-1]
     toks = torch.zeros(len(rows), T, dtype=torch.long)
@@ -150,30 +142,24 @@ def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset,
     return round(hits / max(1, total), 4)
 
 
-def save_draft(draft, out: Path, target_name: str, target, extra: dict) -> Path:
+def save_draft(draft, out: Path, target_name: str, target, target_fingerprint: str, extra: dict) -> Path:
     """draft_config.json + draft.safetensors (fp16, no shared tensors) into `out`, written beside it and
     renamed into place; refuses an existing folder."""
-    if out.exists():
-        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
-    state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items() if k not in shared}
-    save_file(state, str(tmp / "draft.safetensors"))
     cfg = draft.config.to_dict()
-    cfg["specdec"] = {"embeddings_from": target_name, "target_fingerprint": fingerprint(target),
+    cfg["specdec"] = {"embeddings_from": target_name, "target_fingerprint": target_fingerprint,
                       "target_architecture": type(target).__name__, "trained": extra}
-    (tmp / "draft_config.json").write_text(json.dumps(cfg, indent=1))
-    os.replace(tmp, out)
+    with staged_folder(out) as tmp:
+        state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items() if k not in shared}
+        save_file(state, str(tmp / "draft.safetensors"))
+        (tmp / "draft_config.json").write_text(json.dumps(cfg, indent=1))
     return out
 
 
 def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
     """Train (resumable) and save the draft to args.out; None when args.stop_at ended the run early."""
     out, work = Path(args.out), Path(args.work)
-    if out.exists():
-        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    refuse_existing(out)
     shards = sorted(Path(args.data).glob("data/chat-*.safetensors")) + sorted(Path(args.data).glob("data/text-*.safetensors"))
     if not shards:
         raise ValueError(f"{args.data} has no training shards (data/*.safetensors): pass a feature-head "
@@ -183,9 +169,10 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
         target, tok = load_target(args.target)
     check_target(target)
     manifest = json.loads((Path(args.data) / "manifest.json").read_text())
-    if manifest.get("target_fingerprint") != fingerprint(target):
+    target_print = fingerprint(target)
+    if manifest.get("target_fingerprint") != target_print:
         raise ValueError(f"the data in {args.data} was made by another target (fingerprint "
-                         f"{manifest.get('target_fingerprint')}, this target's is {fingerprint(target)})")
+                         f"{manifest.get('target_fingerprint')}, this target's is {target_print})")
     for p in target.parameters():
         p.requires_grad_(False)
     data = head_data.Dataset(shards)
@@ -213,7 +200,7 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
                              args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress)
     if step < args.steps:
         return None
-    return save_draft(draft, out, args.target, target, {
+    return save_draft(draft, out, args.target, target, target_print, {
         "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),
         "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed,

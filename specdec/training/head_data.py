@@ -162,6 +162,21 @@ class Dataset:
             raise ValueError(f"the training data in {paths[0].parent if paths else '(no shards)'} is empty: "
                              "no sequence to train on")
 
+    def windows(self, step: int, seed: int, batch: int, seq_len: int, lead: int) -> list[tuple]:
+        """Batch `step`'s training windows, drawn from a generator seeded by (seed, step): `batch` rows of
+        (tokens, features, loss_from, start s, width w), w = min(seq_len, n - 1); in an answer, s falls at
+        or after loss_from - lead (the trainer's first input position for the answer's first target)."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        rows = []
+        for i in torch.randint(len(self.train), (batch,), generator=g).tolist():
+            toks, feats, loss_from = self.train[i]
+            n = len(toks)
+            w = min(seq_len, n - 1)
+            lo = max(0, min(loss_from - lead, n - 1 - w)) if loss_from else 0  # start near the answer
+            s = lo + int(torch.randint(max(1, n - 1 - w - lo + 1), (1,), generator=g))
+            rows.append((toks, feats, loss_from, s, w))
+        return rows
+
     @property
     def num_tokens(self) -> int:
         return sum(len(t) for t, _, _ in self.train)

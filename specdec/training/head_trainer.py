@@ -13,8 +13,6 @@ The finished head is saved to `out` (head.safetensors in fp16, head_config.json)
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from ..drafters.head_model import HeadConfig, HeadNet
+from ..files import refuse_existing, staged_folder
 from . import head_data, loop
 
 
@@ -102,16 +101,8 @@ def loss_terms(net: HeadNet, feats, next_tokens, mask, ttt: int, ce_weight: floa
 
 def make_batch(data: head_data.Dataset, step: int, args: HeadTrainArgs):
     """Batch `step`: `batch` random windows of at most seq_len + 1 positions, right-padded."""
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-    picks = torch.randint(len(data.train), (args.batch,), generator=g).tolist()
-    rows = []
-    for i in picks:
-        toks, feats, loss_from = data.train[i]
-        n = len(toks)
-        w = min(args.seq_len, n - 1)
-        lo = max(0, min(loss_from - 2, n - 1 - w)) if loss_from else 0  # start near the answer
-        s = lo + int(torch.randint(max(1, n - 1 - w - lo + 1), (1,), generator=g))
-        rows.append((toks[s + 1:s + w + 1], feats[s:s + w + 1], max(0, loss_from - 2 - s)))
+    rows = [(toks[s + 1:s + w + 1], feats[s:s + w + 1], max(0, loss_from - 2 - s))
+            for toks, feats, loss_from, s, w in data.windows(step, args.seed, args.batch, args.seq_len, lead=2)]
     T = max(len(r[0]) for r in rows)
     Fdim = rows[0][1].shape[-1]
     feats = torch.zeros(len(rows), T + 1, Fdim)
@@ -185,18 +176,13 @@ def export_checkpoint(work: Path, out: Path, target) -> Path:
 
 def save_head(net: HeadNet, out: Path, extra: dict | None = None) -> Path:
     """head.safetensors (fp16) + head_config.json into `out`, written beside it and renamed into place."""
-    if out.exists():
-        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(tmp / "head.safetensors"))
     cfg = net.config.to_dict()
     if extra:
         cfg["trained"] = {**cfg.get("trained", {}), **extra}
-    (tmp / "head_config.json").write_text(json.dumps(cfg, indent=1))
-    os.replace(tmp, out)
+    with staged_folder(out) as tmp:
+        state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in net.state_dict().items()}
+        save_file(state, str(tmp / "head.safetensors"))
+        (tmp / "head_config.json").write_text(json.dumps(cfg, indent=1))
     return out
 
 
@@ -206,8 +192,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     from tqdm.auto import tqdm
 
     out, work = Path(args.out), Path(args.work)
-    if out.exists():
-        raise FileExistsError(f"output folder {out} exists; choose a new --out (nothing was overwritten)")
+    refuse_existing(out)
     torch.set_num_threads(args.threads)
     if target is None:
         target, tok = load_target(args.target)
