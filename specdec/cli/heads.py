@@ -9,6 +9,35 @@ from ..training.draft_trainer import DraftTrainArgs
 from ..training.head_trainer import HeadTrainArgs
 
 
+PATHS = ("target", "data", "out", "work")  # the trainers' fields the commands set themselves
+
+
+def _add_fields(parser, args_class, special: dict | None = None) -> None:
+    """One --flag per field of a trainer's args dataclass (beyond PATHS), typed and defaulted from it;
+    special: {field: (type, help)} for a field whose default (None) does not say its type."""
+    special = special or {}
+    for f in fields(args_class):
+        if f.name in PATHS:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in special:
+            kind, text = special[f.name]
+            parser.add_argument(flag, type=kind, default=f.default, help=text)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            parser.add_argument(flag, type=type(f.default) if f.default is not None else int, default=f.default)
+
+
+def _field_values(a, args_class) -> dict:
+    return {f.name: getattr(a, f.name) for f in fields(args_class) if f.name not in PATHS}
+
+
+def _report(what: str, done, a, work: Path) -> None:
+    print(f"{what} saved to {done}" if done else f"stopped at step {a.stop_at}; rerun the same command to resume "
+          f"(checkpoint in {work})")
+
+
 def add_train_head_parser(sub) -> None:
     t = sub.add_parser("train-head", help="train a feature head (EAGLE family) for a target; resumable")
     t.add_argument("--target", required=True, help="zoo or real model name, or a local HF folder")
@@ -16,18 +45,7 @@ def add_train_head_parser(sub) -> None:
     t.add_argument("--work", default=None, help="data, checkpoint and log (default: OUT.work); rerun to resume")
     t.add_argument("--export-checkpoint", action="store_true",
                    help="do not train: save the head of the run in --work as it stands to --out (marked partial)")
-    defaults = HeadTrainArgs(target="", out=Path(), work=Path())
-    for f in fields(HeadTrainArgs):
-        if f.name in ("target", "out", "work"):
-            continue
-        value = getattr(defaults, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        if f.name == "resume_from":
-            t.add_argument(flag, type=Path, default=None, help="a saved head to continue from (no checkpoint in --work)")
-        elif isinstance(value, bool):
-            t.add_argument(flag, action="store_true")
-        else:
-            t.add_argument(flag, type=type(value) if value is not None else int, default=value)
+    _add_fields(t, HeadTrainArgs, {"resume_from": (Path, "a saved head to continue from (no checkpoint in --work)")})
 
 
 def cmd_train_head(a) -> None:
@@ -38,10 +56,8 @@ def cmd_train_head(a) -> None:
     if a.export_checkpoint:
         print(f"head saved to {export_checkpoint(work, out, load_target(a.target)[0])}")
         return
-    kw = {f.name: getattr(a, f.name) for f in fields(HeadTrainArgs) if f.name not in ("target", "out", "work")}
-    done = train_head(HeadTrainArgs(target=a.target, out=out, work=work, **kw))
-    print(f"head saved to {done}" if done else f"stopped at step {a.stop_at}; rerun the same command to resume "
-          f"(checkpoint in {work})")
+    done = train_head(HeadTrainArgs(target=a.target, out=out, work=work, **_field_values(a, HeadTrainArgs)))
+    _report("head", done, a, work)
 
 
 def add_head_card_parser(sub) -> None:
@@ -75,12 +91,7 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--data", required=True, help="a `specdec train-head` work folder (its data/ shards)")
     t.add_argument("--out", required=True, help="the draft's folder (must not exist)")
     t.add_argument("--work", default=None, help="checkpoint and log (default: OUT.work); rerun to resume")
-    defaults = DraftTrainArgs(target="", data=Path(), out=Path(), work=Path())
-    for f in fields(DraftTrainArgs):
-        if f.name in ("target", "data", "out", "work"):
-            continue
-        value = getattr(defaults, f.name)
-        t.add_argument("--" + f.name.replace("_", "-"), type=type(value) if value is not None else int, default=value)
+    _add_fields(t, DraftTrainArgs)
 
 
 def cmd_train_draft(a) -> None:
@@ -88,7 +99,6 @@ def cmd_train_draft(a) -> None:
 
     out = Path(a.out)
     work = Path(a.work) if a.work else out.with_name(out.name + ".work")
-    kw = {f.name: getattr(a, f.name) for f in fields(DraftTrainArgs) if f.name not in ("target", "data", "out", "work")}
-    done = train_draft(DraftTrainArgs(target=a.target, data=Path(a.data), out=out, work=work, **kw))
-    print(f"draft saved to {done}" if done else f"stopped at step {a.stop_at}; rerun the same command to resume "
-          f"(checkpoint in {work})")
+    done = train_draft(DraftTrainArgs(target=a.target, data=Path(a.data), out=out, work=work,
+                                      **_field_values(a, DraftTrainArgs)))
+    _report("draft", done, a, work)
