@@ -104,17 +104,17 @@ ADVICE = [
     "my old laptop has become very slow", "I want to get back into reading",
 ]
 EVERYDAY_FORMS = [
-    ("HOW_TO", ["How do I {x}?", "What is the easiest way to {x}?", "Can you give me step-by-step instructions to {x}?",
-                "I want to {x}. Where should I start?", "What should I avoid when I {x}?"]),
-    ("WHY", ["Can you explain why {x}?", "Why is it that {x}?", "I have always wondered why {x}. What is the reason?"]),
-    ("PAIRS", ["What is the difference between {a} and {b}?", "How do {a} and {b} differ?",
-               "Is {a} the same as {b}? Explain briefly."]),
-    ("CONCEPTS", ["What is {x}?", "Explain {x} in two short paragraphs.", "Give a simple example of {x}.",
-                  "What does {x} mean, and why does it matter?", "How would you explain {x} to a teenager?"]),
-    ("DISHES", ["Give me a recipe for {x}.", "How do I make {x} at home?", "What do I need to cook {x}?"]),
-    ("WRITING", ["Write {x}.", "Please draft {x}.", "Help me write {x}."]),
-    ("PLANS", ["Plan {x}.", "Make a simple plan for {x}.", "Suggest an outline for {x}."]),
-    ("ADVICE", ["{x}. What should I do?", "{x}. Any advice?", "{x}. Can you help me think it through?"]),
+    (HOW_TO, ["How do I {x}?", "What is the easiest way to {x}?", "Can you give me step-by-step instructions to {x}?",
+              "I want to {x}. Where should I start?", "What should I avoid when I {x}?"]),
+    (WHY, ["Can you explain why {x}?", "Why is it that {x}?", "I have always wondered why {x}. What is the reason?"]),
+    (PAIRS, ["What is the difference between {a} and {b}?", "How do {a} and {b} differ?",
+             "Is {a} the same as {b}? Explain briefly."]),
+    (CONCEPTS, ["What is {x}?", "Explain {x} in two short paragraphs.", "Give a simple example of {x}.",
+                "What does {x} mean, and why does it matter?", "How would you explain {x} to a teenager?"]),
+    (DISHES, ["Give me a recipe for {x}.", "How do I make {x} at home?", "What do I need to cook {x}?"]),
+    (WRITING, ["Write {x}.", "Please draft {x}.", "Help me write {x}."]),
+    (PLANS, ["Plan {x}.", "Make a simple plan for {x}.", "Suggest an outline for {x}."]),
+    (ADVICE, ["{x}. What should I do?", "{x}. Any advice?", "{x}. Can you help me think it through?"]),
 ]
 CODE_EDITS = [
     "Add a docstring to this Python function:", "Explain what this Python function does:",
@@ -126,12 +126,10 @@ CODE_EDITS = [
 
 def everyday_requests() -> list[str]:
     """Every (form, subject) request, in a fixed order."""
-    lists = {"HOW_TO": HOW_TO, "WHY": WHY, "PAIRS": PAIRS, "CONCEPTS": CONCEPTS, "DISHES": DISHES,
-             "WRITING": WRITING, "PLANS": PLANS, "ADVICE": ADVICE}
     out = []
-    for name, forms in EVERYDAY_FORMS:
+    for subjects, forms in EVERYDAY_FORMS:
         for form in forms:
-            for item in lists[name]:
+            for item in subjects:
                 if isinstance(item, tuple):
                     out.append(form.format(a=item[0], b=item[1]))
                 else:

@@ -72,30 +72,9 @@ def _shingles(text: str) -> set[tuple[str, ...]]:
     return {tuple(words[i:i + 5]) for i in range(max(0, len(words) - 4))}
 
 
-def stdlib_summaries(limit: int = 4000) -> list[str]:
-    """First sentences of public function docstrings of the standard library's training split."""
-    out = []
-    for path in module_files("train"):
-        if "test" in path.parts or "idlelib" in path.parts:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                first = doc.strip().split("\n\n")[0].replace("\n", " ") if doc else ""
-                if 25 <= len(first) <= 160 and first[0].isupper() and first.endswith("."):
-                    out.append(first)
-        if len(out) >= limit:
-            break
-    return out
-
-
-def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18) -> list[str]:
-    """Short public top-level or method functions of the standard library's training split, as source."""
-    out = []
+def _public_functions():
+    """Per module of the standard library's training split (tests and idlelib aside): (its source lines, its
+    public function nodes in ast.walk order)."""
     for path in module_files("train"):
         if "test" in path.parts or "idlelib" in path.parts:
             continue
@@ -104,13 +83,35 @@ def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18)
             tree = ast.parse(text)
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
-        lines = text.splitlines()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.end_lineno:
-                body = lines[node.lineno - 1:node.end_lineno]
-                if min_lines <= len(body) <= max_lines and max(len(l) for l in body) <= 100:
-                    indent = len(body[0]) - len(body[0].lstrip())
-                    out.append("\n".join(l[indent:] for l in body))
+        yield text.splitlines(), [node for node in ast.walk(tree)
+                                  if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
+
+
+def stdlib_summaries(limit: int = 4000) -> list[str]:
+    """First sentences of public function docstrings of the standard library's training split."""
+    out = []
+    for _, functions in _public_functions():
+        for node in functions:
+            doc = ast.get_docstring(node)
+            first = doc.strip().split("\n\n")[0].replace("\n", " ") if doc else ""
+            if 25 <= len(first) <= 160 and first[0].isupper() and first.endswith("."):
+                out.append(first)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18) -> list[str]:
+    """Short public top-level or method functions of the standard library's training split, as source."""
+    out = []
+    for lines, functions in _public_functions():
+        for node in functions:
+            if not node.end_lineno:
+                continue
+            body = lines[node.lineno - 1:node.end_lineno]
+            if min_lines <= len(body) <= max_lines and max(len(l) for l in body) <= 100:
+                indent = len(body[0]) - len(body[0].lstrip())
+                out.append("\n".join(l[indent:] for l in body))
         if len(out) >= limit:
             break
     return out
