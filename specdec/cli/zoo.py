@@ -51,12 +51,13 @@ def _zoo_get(names: list[str]) -> None:
     materialised, so what checks the copy against its GGUF can run."""
     from .. import zoo
 
+    drafts = zoo.drafts()
     for n in names:
-        if n not in zoo.real.MODELS and n not in zoo.drafts():
+        if n not in zoo.real.MODELS and n not in drafts:
             raise ValueError(f"{n!r} is not a real model or a derived draft; real models: {', '.join(zoo.real.MODELS)}"
-                             f"; derived drafts: {', '.join(zoo.drafts()) or 'none'}")
+                             f"; derived drafts: {', '.join(drafts) or 'none'}")
     for n in names:
-        if n in zoo.drafts():  # its target first (installed as any real model), then the draft joins its embedding
+        if n in drafts:  # its target first (installed as any real model), then the draft joins its embedding
             source = zoo.derived.shared_with(zoo.MODELS_DIR / n)
             if source in zoo.real.MODELS:
                 _zoo_get([source])

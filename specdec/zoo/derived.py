@@ -27,8 +27,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def is_materialised(name: str, src: Path) -> bool:
     """A complete copy of the shipped draft `src` is in SPECDEC_HOME (a copy of an older draft is not)."""
-    marker = real.model_dir(name) / MARKER
-    return marker.exists() and json.loads(marker.read_text()).get("draft_sha256") == _sha256(src)
+    return _holds(real.model_dir(name), _sha256(src))
+
+
+def _holds(folder: Path, draft_sha256: str) -> bool:
+    """`folder` is a complete materialised copy of the shipped layers with that sha256."""
+    marker = folder / MARKER
+    return marker.exists() and json.loads(marker.read_text()).get("draft_sha256") == draft_sha256
 
 
 def _sha256(src: Path) -> str:
@@ -52,6 +57,7 @@ def materialise(src: Path, target_dir: Path, out: Path) -> Path:
     from ..drafters.head_model import fingerprint
 
     src, out = Path(src), Path(out)
+    sha = _sha256(src)
     cfg = json.loads((src / CONFIG).read_text())
     info = cfg.pop("specdec")
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True)
@@ -78,14 +84,7 @@ def materialise(src: Path, target_dir: Path, out: Path) -> Path:
             if (Path(target_dir) / name).exists():
                 shutil.copy(Path(target_dir) / name, work / "model" / name)
         (work / "model" / MARKER).write_text(json.dumps({"source": str(src), "target": str(target_dir),
-                                                         "draft_sha256": _sha256(src), **info}, indent=1))
-        if out.exists():
-            shutil.rmtree(out)  # unmarked (not ours to trust) or a copy of an older draft
-        try:
-            os.rename(work / "model", out)
-        except OSError:
-            if not (out / MARKER).exists():  # another process finished first: keep its copy
-                raise
-        return out
+                                                         "draft_sha256": sha, **info}, indent=1))
+        return real.move_into_place(work / "model", out, lambda: _holds(out, sha))
     finally:
         shutil.rmtree(work, ignore_errors=True)

