@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..hf.lean import rms_norm, rotate_half
+from ..hf.linear import linear_rows
 
 
 @dataclass
@@ -136,15 +137,16 @@ class HeadLayer(nn.Module):
     def qkv(self, x, cos, sin):
         B, n, _ = x.shape
         h = self.input_layernorm(x)
-        q = self.q_proj(h).view(B, n, self.hq, self.d).transpose(1, 2)
-        k = self.k_proj(h).view(B, n, self.hkv, self.d).transpose(1, 2)
-        v = self.v_proj(h).view(B, n, self.hkv, self.d).transpose(1, 2)
+        q = linear_rows(h, self.q_proj.weight).view(B, n, self.hq, self.d).transpose(1, 2)
+        k = linear_rows(h, self.k_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)
+        v = linear_rows(h, self.v_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def finish(self, x, att):
-        x = x + self.o_proj(att)
+        x = x + linear_rows(att, self.o_proj.weight)
         h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + linear_rows(F.silu(linear_rows(h, self.gate_proj.weight)) * linear_rows(h, self.up_proj.weight),
+                               self.down_proj.weight)
 
 
 class HeadNet(nn.Module):
@@ -207,7 +209,7 @@ class HeadNet(nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """out [.., H] -> draft logits [.., N] over vocab_ids."""
         w = self._target[1]
-        return F.linear(out.to(w.dtype), w).float()
+        return linear_rows(out.to(w.dtype), w).float()
 
     def target_logits(self, top_feature: torch.Tensor) -> torch.Tensor:
         """The target's own logits over vocab_ids from its top feature [.., H] (its LM head reads it)."""
@@ -222,12 +224,12 @@ class HeadNet(nn.Module):
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [.., F] -> [.., H] (fusion projects; top-only passes through)."""
-        return features if self.fuse is None else self.fuse(features)
+        return features if self.fuse is None else linear_rows(features, self.fuse.weight)
 
     def inputs(self, feature_h: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """[.., H] feature (projected or predicted) and the following tokens [..] -> layer input [.., H]."""
         e = self.embed(next_tokens).to(feature_h.dtype)
-        return self.fc(torch.cat([e, feature_h], dim=-1))
+        return linear_rows(torch.cat([e, feature_h], dim=-1), self.fc.weight, self.fc.bias)
 
     # -- training: teacher-forced step 1, then training-time test ---------------------------------
     def unroll(self, features: torch.Tensor, next_tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:

@@ -10,7 +10,9 @@ the gathered pages, masked by the same StepMeta mask the HF path gets. The Trito
 through the HF modules as usual, on the same pages, same layout.
 
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
-the HF path's. `LeanRunner.for_model` checks that on a probe sequence, once per model, dtype and device,
+the HF path's, with one deliberate exception: on a CPU, float32 blocks of up to 6 rows multiply their
+linears weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
+cheaper). `LeanRunner.for_model` checks the rest on a probe sequence, once per model, dtype and device,
 and returns None (the caller keeps the HF path) for any model it does not reproduce: an unsupported
 architecture or config option, a hook. With exact=True (the target: its logits decide the output) the
 probe demands bitwise equality; for a draft (exact=False) the same greedy tokens and logits within
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from ..cache.pool import BlockTable, PagePool
 from ..quantize import Int8Linear
 from .cache import StepMeta
+from .linear import linear_rows
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -41,9 +44,11 @@ _verdicts: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDiction
 
 
 class _Lin:
-    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references, no copies."""
+    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references, no copies.
+    short_blocks: multiply short blocks weight-first (hf/linear.py) where the weight qualifies."""
 
-    def __init__(self, m: nn.Module):
+    def __init__(self, m: nn.Module, short_blocks: bool = True):
+        self.short_blocks = short_blocks
         if isinstance(m, Int8Linear):
             self.weight, self.bias, self.int8 = None, None, m
         elif type(m) is nn.Linear:
@@ -52,14 +57,19 @@ class _Lin:
             raise TypeError(f"unsupported linear {type(m).__name__}")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.int8.forward_2d(x) if self.int8 is not None else F.linear(x, self.weight, self.bias)
+        if self.int8 is not None:
+            return self.int8.forward_2d(x)
+        if self.short_blocks:
+            return linear_rows(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class _Layer:
-    def __init__(self, layer):
+    def __init__(self, layer, short_blocks: bool):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (_Lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        self.gate, self.up, self.down = (_Lin(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.q, self.k, self.v, self.o = (_Lin(m, short_blocks) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                            attn.o_proj))
+        self.gate, self.up, self.down = (_Lin(m, short_blocks) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
         self.ln1, self.ln2 = layer.input_layernorm, layer.post_attention_layernorm
         self.scaling = attn.scaling
@@ -81,14 +91,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanRunner(ModelRunner):
-    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False):
+    """short_blocks=False multiplies every block with F.linear, as HF's modules do (the probe's setting)."""
+
+    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False, short_blocks: bool = True):
         super().__init__(model, pool, table, kernel)
         cfg = model.config.get_text_config()
         inner = model.model
         self.embed = inner.embed_tokens
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, short_blocks) for layer in inner.layers]
         self.final_norm = inner.norm
-        self.head = _Lin(model.lm_head)
+        self.head = _Lin(model.lm_head, short_blocks)
         self.hq, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rot = inner.rotary_emb
@@ -212,10 +224,10 @@ def _probe(model) -> str:
     vocab = model.config.get_text_config().vocab_size
     probe = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(0)).to(device)
     outs = []
-    for cls in (ModelRunner, LeanRunner):
+    for make in (ModelRunner, lambda *a: LeanRunner(*a, short_blocks=False)):
         pool = PagePool(4, 8)
         table = BlockTable(pool, device)
-        runner = cls(model, pool, table)
+        runner = make(model, pool, table)
         with specdec_attention(model):
             rows = [runner.forward(probe[:9], logits_rows=None)]
             branch = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=device)

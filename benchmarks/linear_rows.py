@@ -1,0 +1,99 @@
+"""Does multiplying short blocks weight-first (specdec/hf/linear.py) pay, and up to how many rows?
+
+    python benchmarks/linear_rows.py --target smollm2-135m-instruct
+
+Times one forward of the target's lean loop (hf/lean.py, the path specdec's engine runs) over a block
+of n new tokens after a 128-token cached context, with short blocks multiplied weight-first (W @ xᵀ)
+and with `F.linear` as HF's modules do, both settings and all block sizes alternating round by round,
+medians; plus HF's own modules on the same block (`model(...)` with its KV cache) for reference. The
+ratio column is what the speculative engine's cost model sees: a block of n tokens against one token.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import specdec
+from specdec.cache.pool import BlockTable, PagePool
+from specdec.hf import linear
+from specdec.hf.attention import specdec_attention
+from specdec.hf.lean import LeanRunner
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--target", default="smollm2-135m-instruct")
+ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12, 17])
+ap.add_argument("--context", type=int, default=128)
+ap.add_argument("--rounds", type=int, default=9)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "linear_rows"))
+a = ap.parse_args()
+torch.set_num_threads(a.threads)
+model, tok = specdec.zoo.load(a.target)
+dtype = next(model.parameters()).dtype
+vocab = model.config.get_text_config().vocab_size
+g = torch.Generator().manual_seed(0)
+context = torch.randint(0, vocab, (a.context,), generator=g)
+pool = PagePool(64, 16)
+table = BlockTable(pool)
+runner = LeanRunner.for_model(model, pool, table, exact=True)
+if runner is None:
+    sys.exit(f"{a.target}: the lean loop does not certify itself for this model")
+MAX_ROWS = linear.WEIGHT_FIRST_MAX_ROWS
+
+
+def lean(n: int, short: bool) -> float:
+    linear.WEIGHT_FIRST_MAX_ROWS = MAX_ROWS if short else 0
+    block = torch.randint(0, vocab, (n,), generator=g)
+    with specdec_attention(model):  # HF's own modules run outside it
+        t0 = time.perf_counter()
+        runner.forward(block, logits_rows=None)
+        dt = time.perf_counter() - t0
+    runner.rollback(a.context)
+    return dt
+
+
+def hf(n: int) -> float:
+    past = model(input_ids=context[None], use_cache=True).past_key_values
+    block = torch.randint(0, vocab, (1, n), generator=g)
+    t0 = time.perf_counter()
+    model(input_ids=block, past_key_values=past, use_cache=True)
+    return time.perf_counter() - t0
+
+
+modes = {"lean, short blocks weight-first": lambda n: lean(n, True), "lean, F.linear": lambda n: lean(n, False),
+         "HF modules": hf}
+times = {(m, n): [] for m in modes for n in a.sizes}
+with torch.no_grad():
+    with specdec_attention(model):
+        runner.forward(context, logits_rows=1)
+    for r in range(a.rounds + 1):  # the first round warms up
+        for n in a.sizes:
+            for m, f in modes.items():
+                dt = f(n)
+                if r:
+                    times[(m, n)].append(dt)
+    table.release()
+linear.WEIGHT_FIRST_MAX_ROWS = MAX_ROWS
+med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+one = {m: med[(m, a.sizes[0])] for m in modes}
+hf1 = one["HF modules"]
+lines = ["# Short blocks weight-first: the target's forward cost by block size", "",
+         f"`python benchmarks/linear_rows.py {' '.join(sys.argv[1:])}`", "",
+         f"{a.target} ({str(dtype).removeprefix('torch.')}), {a.threads} threads, {a.context}-token cached context, "
+         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first up to {MAX_ROWS} rows. "
+         f"'vs HF 1' divides by HF's own one-token forward ({hf1:.1f} ms).", "",
+         "| block (tokens) | " + " | ".join(f"{m} ms | vs its 1 | vs HF 1" for m in modes) + " |",
+         "|---|" + "---|---|---|" * len(modes)]
+for n in a.sizes:
+    lines.append(f"| {n} | " + " | ".join(f"{med[(m, n)]:.1f} | {med[(m, n)] / one[m]:.2f}x | {med[(m, n)] / hf1:.2f}x"
+                                          for m in modes) + " |")
+Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+Path(a.out + ".md").write_text("\n".join(lines) + "\n")
+Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
+                                             "max_rows": MAX_ROWS, "ms": {f"{m}|{n}": v for (m, n), v in med.items()}},
+                                            indent=1))
+print("\n".join(lines))
