@@ -3,7 +3,8 @@ Coder-1.5B-Instruct drafted for by SmolLM2-135M-Instruct), greedy, float32, side
 alternating prompt by prompt after a warm-up:
 
     HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
-    at each --hf-k (constant schedule) and HF's default  ·  specdec text / intersection / auto
+    at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
+    specdec text at each --spec-k · specdec text / intersection, adaptive
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
+    ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
                     help="also run intersection mode with this dynamic tree (adaptive node budget)")
@@ -75,6 +77,10 @@ def main() -> None:
             return out.sequences, time.perf_counter() - t0, out.stats
         return run
 
+    modes["specdec plain"] = timed(specdec.wrap(target))  # the runtime alone: nothing drafted
+    for k in a.spec_k:
+        modes[f"specdec text k={k}"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok,
+                                                          cross_tokenizer="text", draft_length=k))
     for m in ("text", "intersection"):
         modes[f"specdec {m} adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
                                                             assistant_tokenizer=dtok, cross_tokenizer=m))
@@ -104,24 +110,27 @@ def main() -> None:
     best_hf = max((statistics.mean(r["tps"]) for name, r in rows.items() if name.startswith("HF UAD")), default=None)
     lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
              f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
-             f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
+             f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
+             + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
              f"float32, greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
-             "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | per-position acceptance | c | mismatches |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "
+             "| mismatches |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         tps = statistics.mean(r["tps"])
-        acc = tau = pos = c = ""
-        if r["stats"]:
+        acc = tau = pos = c = used = ""
+        if r["stats"] and sum(x.drafted_tokens for x in r["stats"]):
             s = r["stats"]
             drafted = sum(x.drafted_tokens for x in s)
             acc = f"{sum(x.accepted_tokens for x in s) / max(1, drafted):.2f}"
             tau = f"{sum(x.new_tokens for x in s) / max(1, sum(x.target_forwards for x in s)):.2f}"
+            used = f"{drafted / sum(x.target_forwards for x in s):.1f}"
             pos = ", ".join(f"{v:.2f}" for v in s[-1].per_position_acceptance[:6])
             # c: seconds per drafted token (the re-tokenizing included) over target-only seconds per token
             c = f"{sum(x.draft_s for x in s) / max(1, drafted) * base:.3f}" if drafted else ""
-        lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {f'{tps / best_hf:.2f}x' if best_hf else ''} | {acc} | {tau} | {pos} | {c} "
+        lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {f'{tps / best_hf:.2f}x' if best_hf else ''} | {acc} | {tau} | {used} | {pos} | {c} "
                      f"| {r['mismatch']} |")
     md = "\n".join(lines) + "\n"
     print(md)
