@@ -1,9 +1,11 @@
 """Greedy equality on a real model for every drafter kind, as a benchmark run (the Qwen model is too big
 for CI): plain, n-gram (k = 2, adaptive), the model drafting for itself (alpha = 1; k = 3, 6), early exit
-(chain and dynamic tree), a static tree. Each output is compared token for token with the model's own
+(chain and dynamic tree), a static tree, and with --cross-draft a model of another tokenizer drafting in
+text and intersection mode. Each output is compared token for token with the model's own
 `generate(do_sample=False)`; the markdown records the command, the outcome and the lean runner's verdict.
 
-    python benchmarks/real_greedy.py --target qwen2.5-coder-1.5b-instruct --out benchmarks/results/real_greedy_qwen2.5-coder
+    python benchmarks/real_greedy.py --target qwen2.5-coder-1.5b-instruct --cross-draft smollm2-135m-instruct \
+        --out benchmarks/results/real_greedy_qwen2.5-coder
 """
 import argparse
 import sys
@@ -31,21 +33,34 @@ def drafters(model):
                                             tree=specdec.TreeSpec.dynamic(nodes=8, depth=4, topk=2))}
 
 
+def cross_drafters(draft, draft_tok, tok):
+    """A draft with its own tokenizer, in both modes (HF's keywords)."""
+    pair = dict(drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok)
+    return {"cross text k=3": dict(pair, cross_tokenizer="text", draft_length=3),
+            "cross intersection k=3": dict(pair, cross_tokenizer="intersection", draft_length=3),
+            "cross text adaptive": dict(pair, cross_tokenizer="text")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cross-draft", default=None, help="a zoo model with another tokenizer to draft across tokenizers")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = specdec.zoo.load(a.target)
+    extra = {}
+    if a.cross_draft:
+        draft, draft_tok = specdec.zoo.load(a.cross_draft)
+        extra = cross_drafters(draft, draft_tok, tok)
     rows, failures = [], 0
     for p in PROMPTS:
         ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                     tokenize=True, return_dict=True)["input_ids"]])
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.max_new_tokens, do_sample=False)
-        for label, options in drafters(model).items():
+        for label, options in {**drafters(model), **extra}.items():
             t0 = time.perf_counter()
             out = specdec.generate(model, ids, max_new_tokens=a.max_new_tokens, return_dict_in_generate=True, **options)
             same = torch.equal(out.sequences, ref)
