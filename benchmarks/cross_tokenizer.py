@@ -121,16 +121,18 @@ def main() -> None:
     for name, r in rows.items():
         tps = statistics.mean(r["tps"])
         acc = tau = pos = c = used = ""
-        if r["stats"] and sum(x.drafted_tokens for x in r["stats"]):
-            s = r["stats"]
-            drafted = sum(x.drafted_tokens for x in s)
-            acc = f"{sum(x.accepted_tokens for x in s) / max(1, drafted):.2f}"
-            tau = f"{sum(x.new_tokens for x in s) / max(1, sum(x.target_forwards for x in s)):.2f}"
-            used = f"{drafted / sum(x.target_forwards for x in s):.1f}"
+        s = r["stats"]
+        drafted = sum(x.drafted_tokens for x in s)
+        if drafted:  # a speculative mode (target-only and specdec plain draft nothing)
+            forwards = sum(x.target_forwards for x in s)
+            acc = f"{sum(x.accepted_tokens for x in s) / drafted:.2f}"
+            tau = f"{sum(x.new_tokens for x in s) / forwards:.2f}"
+            used = f"{drafted / forwards:.1f}"
             pos = ", ".join(f"{v:.2f}" for v in s[-1].per_position_acceptance[:6])
             # c: seconds per drafted token (the re-tokenizing included) over target-only seconds per token
-            c = f"{sum(x.draft_s for x in s) / max(1, drafted) * base:.3f}" if drafted else ""
-        lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {f'{tps / best_hf:.2f}x' if best_hf else ''} | {acc} | {tau} | {used} | {pos} | {c} "
+            c = f"{sum(x.draft_s for x in s) / drafted * base:.3f}"
+        vs_hf = f"{tps / best_hf:.2f}x" if best_hf else ""
+        lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {vs_hf} | {acc} | {tau} | {used} | {pos} | {c} "
                      f"| {r['mismatch']} |")
     md = "\n".join(lines) + "\n"
     print(md)

@@ -37,16 +37,15 @@ dtype = next(model.parameters()).dtype
 vocab = model.config.get_text_config().vocab_size
 g = torch.Generator().manual_seed(0)
 context = torch.randint(0, vocab, (a.context,), generator=g)
-pool = PagePool(64, 16)
-table = BlockTable(pool)
-runner = LeanRunner.for_model(model, pool, table, exact=True)
-if runner is None:
+if LeanRunner.for_model(model, PagePool(1, 16), None, exact=True) is None:
     sys.exit(f"{a.target}: the lean loop does not certify itself for this model")
-MAX_ROWS = linear.WEIGHT_FIRST_MAX_ROWS
+# one lean runner per setting, each over its own pages holding the same context
+runners = {short: LeanRunner(model, pool, BlockTable(pool), short_blocks=short)
+           for short, pool in ((True, PagePool(64, 16)), (False, PagePool(64, 16)))}
 
 
 def lean(n: int, short: bool) -> float:
-    linear.WEIGHT_FIRST_MAX_ROWS = MAX_ROWS if short else 0
+    runner = runners[short]
     block = torch.randint(0, vocab, (n,), generator=g)
     with specdec_attention(model):  # HF's own modules run outside it
         t0 = time.perf_counter()
@@ -69,22 +68,24 @@ modes = {"lean, short blocks weight-first": lambda n: lean(n, True), "lean, F.li
 times = {(m, n): [] for m in modes for n in a.sizes}
 with torch.no_grad():
     with specdec_attention(model):
-        runner.forward(context, logits_rows=1)
+        for runner in runners.values():
+            runner.forward(context, logits_rows=1)
     for r in range(a.rounds + 1):  # the first round warms up
         for n in a.sizes:
             for m, f in modes.items():
                 dt = f(n)
                 if r:
                     times[(m, n)].append(dt)
-    table.release()
-linear.WEIGHT_FIRST_MAX_ROWS = MAX_ROWS
+    for runner in runners.values():
+        runner.table.release()
 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
 one = {m: med[(m, a.sizes[0])] for m in modes}
 hf1 = one["HF modules"]
 lines = ["# Short blocks weight-first: the target's forward cost by block size", "",
          f"`python benchmarks/linear_rows.py {' '.join(sys.argv[1:])}`", "",
          f"{a.target} ({str(dtype).removeprefix('torch.')}), {a.threads} threads, {a.context}-token cached context, "
-         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first up to {MAX_ROWS} rows. "
+         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first up to "
+         f"{linear.WEIGHT_FIRST_MAX_ROWS} rows. "
          f"'vs HF 1' divides by HF's own one-token forward ({hf1:.1f} ms).", "",
          "| block (tokens) | " + " | ".join(f"{m} ms | vs its 1 | vs HF 1" for m in modes) + " |",
          "|---|" + "---|---|---|" * len(modes)]
@@ -94,6 +95,6 @@ for n in a.sizes:
 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
 Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
-                                             "max_rows": MAX_ROWS, "ms": {f"{m}|{n}": v for (m, n), v in med.items()}},
-                                            indent=1))
+                                             "max_rows": linear.WEIGHT_FIRST_MAX_ROWS,
+                                             "ms": {f"{m}|{n}": v for (m, n), v in med.items()}}, indent=1))
 print("\n".join(lines))

@@ -48,7 +48,7 @@ class _Lin:
     short_blocks: multiply short blocks weight-first (hf/linear.py) where the weight qualifies."""
 
     def __init__(self, m: nn.Module, short_blocks: bool = True):
-        self.short_blocks = short_blocks
+        self.multiply = linear_rows if short_blocks else F.linear
         if isinstance(m, Int8Linear):
             self.weight, self.bias, self.int8 = None, None, m
         elif type(m) is nn.Linear:
@@ -57,11 +57,7 @@ class _Lin:
             raise TypeError(f"unsupported linear {type(m).__name__}")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8 is not None:
-            return self.int8.forward_2d(x)
-        if self.short_blocks:
-            return linear_rows(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return self.int8.forward_2d(x) if self.int8 is not None else self.multiply(x, self.weight, self.bias)
 
 
 class _Layer:
