@@ -7,6 +7,7 @@ of n new tokens after a 128-token cached context, with short blocks multiplied w
 and with `F.linear` as HF's modules do, both settings and all block sizes alternating round by round,
 medians; plus HF's own modules on the same block (`model(...)` with its KV cache) for reference. The
 ratio column is what the speculative engine's cost model sees: a block of n tokens against one token.
+The weight-first column is forced on whatever this machine's rule chose (the header says what it chose).
 """
 import argparse
 import json
@@ -84,8 +85,8 @@ hf1 = one["HF modules"]
 lines = ["# Short blocks weight-first: the target's forward cost by block size", "",
          f"`python benchmarks/linear_rows.py {' '.join(sys.argv[1:])}`", "",
          f"{a.target} ({str(dtype).removeprefix('torch.')}), {a.threads} threads, {a.context}-token cached context, "
-         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first up to "
-         f"{linear.WEIGHT_FIRST_MAX_ROWS} rows. "
+         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first column up to "
+         f"{linear.SHORT_BLOCK_ROWS} rows. Machine: {linear.machine()}. "
          f"'vs HF 1' divides by HF's own one-token forward ({hf1:.1f} ms).", "",
          "| block (tokens) | " + " | ".join(f"{m} ms | vs its 1 | vs HF 1" for m in modes) + " |",
          "|---|" + "---|---|---|" * len(modes)]
@@ -95,6 +96,7 @@ for n in a.sizes:
 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
 Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
-                                             "max_rows": linear.WEIGHT_FIRST_MAX_ROWS,
+                                             "max_rows": linear.SHORT_BLOCK_ROWS,
+                                             "machine": linear.machine(),
                                              "ms": {f"{m}|{n}": v for (m, n), v in med.items()}}, indent=1))
 print("\n".join(lines))

@@ -63,9 +63,10 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch):
         pages.append(torch.cat([torch.cat(runner.kv.gather(i, runner.table.slots(0, 17))) for i in range(runner.num_layers)]))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(pages[0], pages[1])
-    # the engine's setting, short blocks weight-first: the same numbers to rounding, the same greedy tokens
+    # short blocks weight-first (the engine's setting where the machine's rule turns it on): the same
+    # numbers to rounding, the same greedy tokens
     pool = PagePool(8, 4)
-    runner = LeanRunner(model, pool, BlockTable(pool))
+    runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=True)
     with specdec_attention(model):
         rows = [runner.forward(tokens[:12], logits_rows=None), runner.forward_tree(tokens[12:14], pos[:2], masks[0]),
                 runner.forward_tree(tokens[14:17], pos, masks[1])]

@@ -10,9 +10,9 @@ the gathered pages, masked by the same StepMeta mask the HF path gets. The Trito
 through the HF modules as usual, on the same pages, same layout.
 
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
-the HF path's, with one deliberate exception: on a CPU, float32 blocks of up to 6 rows multiply their
-linears weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
-cheaper). `LeanRunner.for_model` checks the rest on a probe sequence, once per model, dtype and device,
+the HF path's, with one deliberate exception: on a CPU whose BLAS handles short blocks badly (MKL on a
+CPU not Intel's), float32 blocks of up to 6 rows multiply their linears weight-first (hf/linear.py: the
+same sums in another order, last-bit differences, up to 2x cheaper there). `LeanRunner.for_model` checks the rest on a probe sequence, once per model, dtype and device,
 and returns None (the caller keeps the HF path) for any model it does not reproduce: an unsupported
 architecture or config option, a hook. With exact=True (the target: its logits decide the output) the
 probe demands bitwise equality; for a draft (exact=False) the same greedy tokens and logits within
@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from ..cache.pool import BlockTable, PagePool
 from ..quantize import Int8Linear
 from .cache import StepMeta
-from .linear import linear_rows
+from . import linear
+from .linear import weight_first_rows
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -45,10 +46,10 @@ _verdicts: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDiction
 
 class _Lin:
     """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references, no copies.
-    short_blocks: multiply short blocks weight-first (hf/linear.py) where the weight qualifies."""
+    short_blocks: multiply short float32 blocks weight-first (hf/linear.py); False: F.linear throughout."""
 
-    def __init__(self, m: nn.Module, short_blocks: bool = True):
-        self.multiply = linear_rows if short_blocks else F.linear
+    def __init__(self, m: nn.Module, short_blocks: bool):
+        self.multiply = weight_first_rows if short_blocks else F.linear
         if isinstance(m, Int8Linear):
             self.weight, self.bias, self.int8 = None, None, m
         elif type(m) is nn.Linear:
@@ -87,10 +88,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanRunner(ModelRunner):
-    """short_blocks=False multiplies every block with F.linear, as HF's modules do (the probe's setting)."""
+    """short_blocks: None (default) multiplies short blocks weight-first where this machine's rule says so
+    (hf/linear.py); True always; False multiplies every block with F.linear, as HF's modules do (the
+    probe's setting)."""
 
-    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False, short_blocks: bool = True):
+    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
+                 short_blocks: bool | None = None):
         super().__init__(model, pool, table, kernel)
+        if short_blocks is None:
+            short_blocks = linear.WEIGHT_FIRST_MAX_ROWS > 0
         cfg = model.config.get_text_config()
         inner = model.model
         self.embed = inner.embed_tokens

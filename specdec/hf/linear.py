@@ -1,44 +1,99 @@
-"""Linear layers for short blocks on a CPU: multiply weight-first, W @ xᵀ, instead of x @ Wᵀ.
+"""Linear layers for short blocks on a CPU: multiply weight-first, W @ xᵀ, instead of x @ Wᵀ, where
+the machine's BLAS handles short blocks badly.
 
 Speculative decoding lives on blocks of 1 to 6 rows (a decode step, a draft step, a chain of k + 1
-tokens to verify), and on a CPU those are the shapes the float32 BLAS handles worst: `F.linear`
-sends one row to a matrix-vector product that reads the weights at about half the memory bandwidth,
-and two to five rows to a GEMM that packs the whole weight matrix per call, so verifying 3 tokens
-cost 2.1x decoding one on SmolLM2-135M (benchmarks/results/block_cost.md) and 3x on
-Qwen2.5-Coder-1.5B. Asking the same library for the transposed product, W [out, in] @ xᵀ [in, n]
-with xᵀ a view of a contiguous x, streams the weights once; a single row is doubled to two (the
-one-row kernel is the slow one). Measured on this project's 2-core CPU (benchmarks/linear_rows.py),
-a SmolLM2 forward over 1-6 tokens then costs about what a one-token forward through `F.linear` did
-(results/linear_rows.md), and a Qwen2.5-Coder one-token forward 0.61x HF's.
+tokens to verify). torch's CPU builds multiply float32 with Intel's MKL, and MKL runs its fast kernels
+only on Intel CPUs: on others (AMD EPYC, measured) it falls back to generic code paths, where
+`F.linear` sends one row to a matrix-vector product that reads the weights at about half the memory
+bandwidth, and two to five rows to a GEMM that packs the whole weight matrix per call, so verifying 3
+tokens cost 2.1x decoding one on SmolLM2-135M and 3x on Qwen2.5-Coder-1.5B. Asking the same library
+for the transposed product, W [out, in] @ xᵀ [in, n] with xᵀ a view of a contiguous x, streams the
+weights once; a single row is doubled to two (the one-row kernel is the slow one). On that EPYC a
+SmolLM2 forward over 1-6 tokens then cost about what a one-token forward through `F.linear` did
+(benchmarks/results/linear_rows_amd_epyc.md). On an Intel Xeon (Sapphire Rapids, measured) it is the
+other way round: MKL's own kernels read the weights at full bandwidth for 1-3 rows and weight-first
+halves it (results/linear_rows.md). Hence the rule: weight-first for 1-6 rows when torch multiplies
+with MKL on a CPU that is not Intel's; `F.linear` everywhere else. The environment variable
+`SPECDEC_WEIGHT_FIRST` (1: always, 0: never) overrides it; `WEIGHT_FIRST_MAX_ROWS` holds the outcome
+(0: off). The rule is fixed per machine, not timed at run time, so a machine's outputs do not depend
+on how busy it was when the model loaded.
 
 It is the same sum of the same products in another order, so its results differ from `F.linear`'s in
 the last bits, the same kind of difference as between HF's own one-token and k-token forwards: the
 lean loop's operation order is still certified bit for bit against HF's modules (hf/lean.py probes
 with weight-first off), and the target's greedy output is checked against HF's own by the tests. Only
 float32 weights on the CPU take this path (bfloat16 GEMMs go through oneDNN, which does not need it,
-and a GPU's BLAS has no such cliff); set `WEIGHT_FIRST_MAX_ROWS = 0` to turn it off.
+and a GPU's BLAS has no such cliff).
 
 Shapes: x [..., in] (the weight's dtype), weight [out, in], bias [out] or None -> [..., out]; n is the
 number of rows, x.numel() / in.
 """
 from __future__ import annotations
 
+import os
+import platform
+
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FIRST_MAX_ROWS = 6  # measured crossover: F.linear catches up at 8 rows on SmolLM2's shapes
+SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
+
+
+def _cpuinfo(field: str) -> str:
+    """A field of /proc/cpuinfo's first processor ('' where there is none, as off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...; '' when it cannot be read)."""
+    proc = _cpuinfo("vendor_id") or platform.processor()  # Windows: 'AMD64 Family 25 ..., AuthenticAMD'
+    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), proc if " " not in proc else "")
+
+
+def machine() -> str:
+    """One line for benchmark headers: the CPU, its vendor, the BLAS and what the rule chose."""
+    blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
+    return (f"{_cpuinfo('model name') or platform.processor() or 'unknown CPU'} ({cpu_vendor() or 'vendor unknown'}, "
+            f"{blas}): short blocks weight-first up to {WEIGHT_FIRST_MAX_ROWS} rows")
+
+
+def short_block_rows(vendor: str, blas_is_mkl: bool, override: str | None = None) -> int:
+    """The most rows multiplied weight-first on this machine (0: never; see the module doc).
+    override: SPECDEC_WEIGHT_FIRST's value ('1' on, '0' off, None or '' the rule)."""
+    if override not in (None, "", "0", "1"):
+        raise ValueError(f"SPECDEC_WEIGHT_FIRST must be 0 or 1, got {override!r}")
+    if override:
+        return SHORT_BLOCK_ROWS if override == "1" else 0
+    return SHORT_BLOCK_ROWS if blas_is_mkl and vendor != "GenuineIntel" and vendor != "" else 0
+
+
+WEIGHT_FIRST_MAX_ROWS = short_block_rows(cpu_vendor(), torch.backends.mkl.is_available(),
+                                         os.environ.get("SPECDEC_WEIGHT_FIRST"))
 
 
 def weight_first(weight: torch.Tensor) -> bool:
-    """Does this weight take the weight-first path for short blocks (float32, on a CPU)?"""
-    return weight.dtype == torch.float32 and weight.device.type == "cpu" and WEIGHT_FIRST_MAX_ROWS > 0
+    """Does this weight take the weight-first path for short blocks on this machine (float32, on a CPU,
+    where the rule or SPECDEC_WEIGHT_FIRST turns it on)?"""
+    return WEIGHT_FIRST_MAX_ROWS > 0 and _qualifies(weight)
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), weight-first when x has 1..WEIGHT_FIRST_MAX_ROWS rows and the weight
-    qualifies (weight_first)."""
+def _qualifies(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu"
+
+
+def weight_first_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      max_rows: int = SHORT_BLOCK_ROWS) -> torch.Tensor:
+    """F.linear(x, weight, bias), weight-first when x has 1..max_rows rows and the weight is float32 on
+    a CPU, whatever the machine (benchmarks compare the two this way)."""
     n = x.numel() // max(x.shape[-1], 1)
-    if not (0 < n <= WEIGHT_FIRST_MAX_ROWS and weight_first(weight)):
+    if not (0 < n <= max_rows and _qualifies(weight)):
         return F.linear(x, weight, bias)
     rows = x.reshape(n, -1)
     rows = rows.repeat(2, 1) if n == 1 else rows.contiguous()  # xᵀ must be a transposed view of contiguous rows
@@ -46,3 +101,9 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if bias is not None:
         y = y + bias
     return y.contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), short blocks weight-first where this machine's rule says so
+    (up to WEIGHT_FIRST_MAX_ROWS rows; see the module doc)."""
+    return weight_first_rows(x, weight, bias, WEIGHT_FIRST_MAX_ROWS)
