@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.files import write_text  # noqa: E402
+from specdec.hf.linear import machine  # noqa: E402
 
 
 def main() -> None:
@@ -115,6 +116,7 @@ def main() -> None:
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
              f"float32, greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
+             f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "
              "| mismatches |",
              "|---|---|---|---|---|---|---|---|---|---|"]

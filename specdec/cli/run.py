@@ -67,6 +67,7 @@ def cmd_bench(a) -> None:
 
     import torch
 
+    from ..hf.linear import machine
     from .bench import load_prompts, run_bench, to_markdown
 
     torch.set_num_threads(a.threads)
@@ -103,7 +104,8 @@ def cmd_bench(a) -> None:
     write_text(out_md, f"# specdec bench\n\n`{cmd}`\n\ntarget {a.target} (float32), {drafter}"
                       f"{', chat template' if chat else ''}, "
                       f"{len(prompts)} prompts x {a.repeats} repeats, {a.max_new_tokens} new tokens, "
-                      f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}.\n\n{md}\n")
+                      f"k = {', '.join(map(str, a.k))}, {'sampling' if a.do_sample else 'greedy'}, "
+                      f"{torch.get_num_threads()} threads.\n\nMachine: {machine()}.\n\n{md}\n")
     print(md)
     bad = [m for m, r in report["modes"].items() if r["mismatches"]]
     if bad:
