@@ -4,7 +4,8 @@ alternating prompt by prompt after a warm-up:
 
     HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
-    specdec text at each --spec-k · specdec text / intersection, adaptive
+    specdec text at each --spec-k · specdec text / intersection, adaptive; text modes at each
+    --lookahead (draft tokens drafted past a proposal to tell its last target token complete)
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
+from specdec.drafters import CrossTokenizerDrafter  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
 
@@ -39,6 +41,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
+    ap.add_argument("--lookahead", type=int, nargs="+", default=[1],
+                    help="text mode's look-ahead draft tokens (CrossTokenizerDrafter(lookahead=)); each is run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
                     help="also run intersection mode with this dynamic tree (adaptive node budget)")
@@ -79,12 +83,19 @@ def main() -> None:
         return run
 
     modes["specdec plain"] = timed(specdec.wrap(target))  # the runtime alone: nothing drafted
+    def text(lookahead: int) -> CrossTokenizerDrafter:
+        return CrossTokenizerDrafter(draft, dtok, tok, mode="text", lookahead=lookahead)
+
+    def named(lookahead: int) -> str:
+        return "" if a.lookahead == [1] else f" look-ahead {lookahead}"
+
     for k in a.spec_k:
-        modes[f"specdec text k={k}"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok,
-                                                          cross_tokenizer="text", draft_length=k))
-    for m in ("text", "intersection"):
-        modes[f"specdec {m} adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
-                                                            assistant_tokenizer=dtok, cross_tokenizer=m))
+        for la in a.lookahead:
+            modes[f"specdec text k={k}{named(la)}"] = timed(specdec.wrap(target, drafter=text(la), draft_length=k))
+    for la in a.lookahead:
+        modes[f"specdec text adaptive{named(la)}"] = timed(specdec.wrap(target, drafter=text(la)))
+    modes["specdec intersection adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
+                                                                assistant_tokenizer=dtok, cross_tokenizer="intersection"))
     if a.tree:
         nodes, depth, topk = a.tree
         tree = specdec.TreeSpec.dynamic(nodes=nodes, depth=depth, topk=topk)
@@ -112,6 +123,7 @@ def main() -> None:
     lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
              f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
+             + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [1] else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
              f"float32, greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "

@@ -252,8 +252,8 @@ def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_targe
                                                                                           mode, tree):
     """Three prompts in one batch: every row equals its own greedy generation and keeps its own draft
     history (a shared history would be rejected: acceptance would fall to ~0); every drafting row runs in
-    each draft forward (chains: a sync, then one per further token; trees: one per depth), and both page
-    pools are given back."""
+    each draft forward (chains: a sync, then one per further token, text mode's look-ahead token
+    included; trees: one per depth), and both page pools are given back."""
     import specdec.batch as batch_mod
     from specdec.hf.batch_runner import BatchRunner
 
@@ -282,5 +282,45 @@ def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_targe
         assert out.stats[i].accepted_tokens / out.stats[i].target_forwards > (2.0 if tree is None else 1.2), \
             out.stats[i].summary()
     steps = max(s.target_forwards for s in out.stats)
-    assert max(draft_rows) == 3 and len(draft_rows) <= (4 if tree is None else 3) * steps, (draft_rows, steps)
+    per_step = 3 if tree is not None else 4 + (model.engine.drafter.lookahead if mode == "text" else 0)
+    assert max(draft_rows) == 3 and len(draft_rows) <= per_step * steps, (draft_rows, steps)
     assert model.engine.pool.num_used == 0 and model.engine.drafter.runner is None
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """A byte-level BPE like the zoo's but far smaller: it cuts words into other, shorter pieces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from specdec.zoo.corpus import read_texts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(read_texts("train")[:200], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", clean_up_tokenization_spaces=False)
+
+
+def test_text_mode_proposes_only_target_tokens_its_look_ahead_shows_complete(zoo_target):
+    """The draft's text cut after every one of its tokens: with one look-ahead token every proposed target
+    token is the one the whole sentence has there; without it the text's last target token is sometimes
+    a piece of a longer one ('ga' of ' game'), which the target would reject."""
+    target, tok = zoo_target
+    draft_tok = byte_level_tokenizer(400)
+    drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
+    head, rest = "The old keeper climbed", " the winding stairs of the lighthouse every evening to light the great lamp"
+    committed = tok.encode(head, add_special_tokens=False)
+    whole = tok.encode(head + rest, add_special_tokens=False)[len(committed):]
+    drafted = draft_tok.encode(rest, add_special_tokens=False)
+    assert len(drafted) > len(whole)  # the draft's pieces are shorter
+    wrong = {}
+    for lookahead in (0, 1):
+        drafter.lookahead = lookahead
+        proposals = [drafter._retokenized(committed, drafted[:j], 8) for j in range(1 + lookahead, len(drafted) + 1)]
+        assert sum(map(len, proposals)) > len(drafted)  # proposals were made
+        wrong[lookahead] = sum(p != whole[:len(p)] for p in proposals)
+    assert wrong[1] == 0 and wrong[0] > 0, wrong
+    with pytest.raises(ValueError, match="lookahead must be >= 0"):
+        CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, lookahead=-1)

@@ -89,10 +89,10 @@ class CrossTokenizerRows(ModelRows):
             for (i, ctx, k), lg in zip(live, logits):
                 if modes[i] == "intersection":
                     n, x = len(out[i]), int(self.drafter.vocab.to_draft[picks[i]])
-                else:
+                else:  # a text row drafts `lookahead` draft tokens past its budget (CrossTokenizerDrafter)
                     x = int(lg[0].argmax())
                     drafted[i].append(x)
-                    n = k if x == eos else len(drafted[i])
+                    n = k if x == eos else len(drafted[i]) - self.drafter.lookahead
                 if n < k:  # run the pick: its logits are the next position's
                     forwards.append(RowForward(self.tables[i], len(self.ids[i]),
                                                torch.tensor([x], dtype=torch.long, device=self.tables[i].device),

@@ -66,10 +66,14 @@ def _check_text_tokenizer(tok, role: str) -> None:
 class CrossTokenizerDrafter:
     """model: the draft (a HF causal LM); draft_tokenizer: its tokenizer; target_tokenizer: the target's.
     mode: 'auto', 'intersection' or 'text' (module docstring). lookbehind: committed target tokens
-    re-encoded with a text-mode proposal."""
+    re-encoded with a text-mode proposal. lookahead: draft tokens drafted past a text-mode proposal so
+    that its last target token is known to be complete (0: propose whatever the text ends with)."""
 
     def __init__(self, model, draft_tokenizer, target_tokenizer, mode: str = "auto", min_shared: int = 256,
-                 min_agreement: float = 0.9, lookbehind: int = 8, lean: bool = True, page_size: int = 16):
+                 min_agreement: float = 0.9, lookbehind: int = 8, lookahead: int = 1, lean: bool = True,
+                 page_size: int = 16):
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         if mode not in MODES:
             raise ValueError(f"cross-tokenizer mode must be one of {MODES}, got {mode!r}")
         if draft_tokenizer is None or target_tokenizer is None:
@@ -81,7 +85,7 @@ class CrossTokenizerDrafter:
         self.draft_tok, self.target_tok = draft_tokenizer, target_tokenizer
         self.mode, self.min_shared, self.min_agreement = mode, min_shared, min_agreement
         self._agreement: float | None = None  # auto: the prompt's span agreement, read at the first propose
-        self.lookbehind, self.lean, self.page_size = lookbehind, lean, page_size
+        self.lookbehind, self.lookahead, self.lean, self.page_size = lookbehind, int(lookahead), lean, page_size
         self.vocab: VocabMap | None = None
         self.active = "intersection" if mode == "intersection" else "text"  # auto decides per generation
         self.deterministic = mode == "text"
@@ -235,19 +239,35 @@ class CrossTokenizerDrafter:
     def _propose_text(self, ctx: DraftContext, budget: int, committed: list[int], logits: torch.Tensor) -> Draft:
         drafted: list[int] = []
         eos = self.draft_tok.eos_token_id
-        for i in range(budget):
+        steps = budget + self.lookahead  # the look-ahead tokens only tell which target tokens are complete
+        for i in range(steps):
             x = int(logits[0].argmax())
             drafted.append(x)
-            if x == eos or i + 1 == budget:
+            if x == eos or i + 1 == steps:
                 break
             logits = self._step(x)
         return Draft.from_lists(self._retokenized(committed, drafted, budget), None, ctx.tokens.device)
 
     def _retokenized(self, committed: list[int], drafted: list[int], budget: int) -> list[int]:
         """Text mode's proposal: draft ids -> at most `budget` target ids after the committed text, or []
-        where the look-behind window does not come back unchanged (a merge across the boundary)."""
+        where the look-behind window does not come back unchanged (a merge across the boundary).
+
+        With `lookahead` (the last `lookahead` drafted ids are look-ahead, unless the draft ended with
+        its EOS) only target tokens that stay the same when the look-ahead text follows are proposed: the
+        text's last target token is often a piece of a longer one (the draft wrote "calc" of "calculate"),
+        which the target then rejects."""
         window = self._plain(committed)[-self.lookbehind:]
-        text = (self.target_tok.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                + self.draft_tok.decode(drafted, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-        encoded = self.target_tok.encode(text, add_special_tokens=False)
-        return encoded[len(window):len(window) + budget] if encoded[:len(window)] == window else []
+        head = self.target_tok.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+        def encode(ids: list[int]) -> list[int]:
+            text = head + self.draft_tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            return self.target_tok.encode(text, add_special_tokens=False)
+
+        encoded = encode(drafted)
+        if encoded[:len(window)] != window:
+            return []
+        ended = drafted[-1:] == [self.draft_tok.eos_token_id]
+        if self.lookahead and not ended and len(drafted) > self.lookahead:
+            stable = encode(drafted[:-self.lookahead])
+            encoded = encoded[:common_prefix(encoded, stable)]
+        return encoded[len(window):len(window) + budget]
