@@ -30,6 +30,7 @@ import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.drafters import CrossTokenizerDrafter  # noqa: E402
 from specdec.files import write_text  # noqa: E402
+from specdec.quantize import int8_draft  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
 
 
@@ -41,7 +42,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
-    ap.add_argument("--lookahead", type=int, nargs="+", default=[1],
+    ap.add_argument("--draft-dtype", choices=["float32", "int8"], default="float32",
+                    help="int8: the draft's linears weight-only int8 (specdec.quantize.int8_draft), for HF and specdec alike")
+    ap.add_argument("--lookahead", type=int, nargs="+", default=[0],
                     help="text mode's look-ahead draft tokens (CrossTokenizerDrafter(lookahead=)); each is run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
@@ -52,6 +55,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     target, tok = specdec.zoo.load(a.target)
     draft, dtok = specdec.zoo.load(a.draft)
+    if a.draft_dtype == "int8":
+        draft = int8_draft(draft)
     n = a.max_new_tokens
     files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("code_write.jsonl", "code_edit.jsonl"))
     prompts = load_prompts(tok, files, -(-a.num_prompts // 2), chat=True, alternate=True)[:a.num_prompts]
@@ -87,7 +92,7 @@ def main() -> None:
         return CrossTokenizerDrafter(draft, dtok, tok, mode="text", lookahead=lookahead)
 
     def named(lookahead: int) -> str:
-        return "" if a.lookahead == [1] else f" look-ahead {lookahead}"
+        return "" if a.lookahead == [0] else f" look-ahead {lookahead}"
 
     for k in a.spec_k:
         for la in a.lookahead:
@@ -123,10 +128,11 @@ def main() -> None:
     lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
              f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
-             + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [1] else "")
+             + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [0] else "")
+             + (f" --draft-dtype {a.draft_dtype}" if a.draft_dtype != "float32" else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
-             f"float32, greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
+             f"float32 target, {a.draft_dtype} draft (the same for HF and specdec), greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
              f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "
