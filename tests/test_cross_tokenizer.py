@@ -318,9 +318,31 @@ def test_text_mode_proposes_only_target_tokens_its_look_ahead_shows_complete(zoo
     wrong = {}
     for lookahead in (0, 1):
         drafter.lookahead = lookahead
-        proposals = [drafter._retokenized(committed, drafted[:j], 8) for j in range(1 + lookahead, len(drafted) + 1)]
+        anchor = draft_tok.encode(head, add_special_tokens=False)[-1]
+        proposals = [drafter._retokenized(committed, drafted[:j], 8, anchor)
+                     for j in range(1 + lookahead, len(drafted) + 1)]
         assert sum(map(len, proposals)) > len(drafted)  # proposals were made
         wrong[lookahead] = sum(p != whole[:len(p)] for p in proposals)
     assert wrong[1] == 0 and wrong[0] > 0, wrong
     with pytest.raises(ValueError, match="lookahead must be >= 0"):
         CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, lookahead=-1)
+
+
+def test_text_mode_keeps_the_space_a_sentencepiece_draft_token_starts_with(zoo_target):
+    """A SentencePiece-style draft ('▁time'): its drafted tokens decode to ' time ...' only after the
+    committed text's last draft token (decoded alone, the leading space is dropped and the proposal
+    would glue words: 'atime'). With the anchor the proposals are the whole sentence's target tokens."""
+    target, tok = zoo_target
+    draft_tok = other_tokenizer(700)
+    drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
+    head, rest = "Once upon a", " time there was a little girl who lived in a village near the forest"
+    committed = tok.encode(head, add_special_tokens=False)
+    whole = tok.encode(head + rest, add_special_tokens=False)[len(committed):]
+    head_ids = draft_tok.encode(head, add_special_tokens=False)
+    drafted = draft_tok.encode(head + rest, add_special_tokens=False)[len(head_ids):]
+    assert draft_tok.convert_ids_to_tokens(drafted[0]).startswith("▁")
+    right = {}
+    for anchor in (head_ids[-1], None):
+        proposals = [drafter._retokenized(committed, drafted[:j], 8, anchor) for j in range(1, len(drafted) + 1)]
+        right[anchor is not None] = sum(bool(p) and p == whole[:len(p)] for p in proposals)
+    assert right[True] >= len(drafted) // 2 and right[False] == 0, right  # the rest end in a piece (no look-ahead)

@@ -80,6 +80,7 @@ class CrossTokenizerRows(ModelRows):
         drafted: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # draft ids (text rows)
         eos = self.drafter.draft_tok.eos_token_id
         forwards = [self._catch_up(i, ctx) for i, ctx, _ in live]
+        anchors = {i: self.ids[i][-1] for i, _, _ in live}  # each row's committed text's last draft id
         while live:
             logits = self.runner.forward(forwards)
             shared = [(row, lg) for row, lg in zip(live, logits) if modes[row[0]] == "intersection"]
@@ -103,7 +104,7 @@ class CrossTokenizerRows(ModelRows):
         drafts = chain_drafts(requests, out, qs)
         for j, (i, ctx, k) in enumerate(requests):
             if modes.get(i) == "text":
-                tokens = self.drafter._retokenized(ctx.tokens.tolist(), drafted[i], k)
+                tokens = self.drafter._retokenized(ctx.tokens.tolist(), drafted[i], k, anchors[i])
                 drafts[j] = Draft.from_lists(tokens, None, ctx.tokens.device)
         return drafts
 

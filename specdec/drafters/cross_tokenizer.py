@@ -244,6 +244,7 @@ class CrossTokenizerDrafter:
     def _propose_text(self, ctx: DraftContext, budget: int, committed: list[int], logits: torch.Tensor) -> Draft:
         drafted: list[int] = []
         eos = self.draft_tok.eos_token_id
+        anchor = self.ids[-1]  # the committed text's last draft token
         steps = budget + self.lookahead  # the look-ahead tokens only tell which target tokens are complete
         for i in range(steps):
             x = int(logits[0].argmax())
@@ -251,11 +252,24 @@ class CrossTokenizerDrafter:
             if x == eos or i + 1 == steps:
                 break
             logits = self._step(x)
-        return Draft.from_lists(self._retokenized(committed, drafted, budget), None, ctx.tokens.device)
+        return Draft.from_lists(self._retokenized(committed, drafted, budget, anchor), None, ctx.tokens.device)
 
-    def _retokenized(self, committed: list[int], drafted: list[int], budget: int) -> list[int]:
+    def _draft_text(self, drafted: list[int], anchor: int | None) -> str:
+        """The text of drafted draft ids as it continues the committed text: decoded after `anchor` (the
+        committed text's last draft id) and cut from it, since a SentencePiece-style decoder drops the
+        leading space of a first token ('▁time' alone decodes to 'time')."""
+        def decode(ids: list[int]) -> str:
+            return self.draft_tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+        if anchor is None:
+            return decode(drafted)
+        lead, both = decode([anchor]), decode([anchor] + drafted)
+        return both[len(lead):] if both.startswith(lead) else decode(drafted)
+
+    def _retokenized(self, committed: list[int], drafted: list[int], budget: int, anchor: int | None) -> list[int]:
         """Text mode's proposal: draft ids -> at most `budget` target ids after the committed text, or []
-        where the look-behind window does not come back unchanged (a merge across the boundary).
+        where the look-behind window does not come back unchanged (a merge across the boundary). anchor:
+        the committed text's last draft id (see _draft_text).
 
         With `lookahead` (the last `lookahead` drafted ids are look-ahead, unless the draft ended with
         its EOS) only target tokens that stay the same when the look-ahead text follows are proposed: the
@@ -265,8 +279,7 @@ class CrossTokenizerDrafter:
         head = self.target_tok.decode(window, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
         def encode(ids: list[int]) -> list[int]:
-            text = head + self.draft_tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            return self.target_tok.encode(text, add_special_tokens=False)
+            return self.target_tok.encode(head + self._draft_text(ids, anchor), add_special_tokens=False)
 
         encoded = encode(drafted)
         if encoded[:len(window)] != window:
