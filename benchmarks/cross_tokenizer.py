@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
+    ap.add_argument("--target-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the target's weights (HF and specdec alike); greedy equality is checked against HF's own "
+                         "target-only output in that dtype")
     ap.add_argument("--draft-dtype", choices=["float32", "int8"], default="float32",
                     help="int8: the draft's linears weight-only int8 (specdec.quantize.int8_draft), for HF and specdec alike")
     ap.add_argument("--lookahead", type=int, nargs="+", default=[0],
@@ -54,6 +57,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     target, tok = specdec.zoo.load(a.target)
+    if a.target_dtype == "bfloat16":
+        target = target.to(torch.bfloat16)
     draft, dtok = specdec.zoo.load(a.draft)
     if a.draft_dtype == "int8":
         draft = int8_draft(draft)
@@ -130,9 +135,10 @@ def main() -> None:
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
              + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [0] else "")
              + (f" --draft-dtype {a.draft_dtype}" if a.draft_dtype != "float32" else "")
+             + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
-             f"float32 target, {a.draft_dtype} draft (the same for HF and specdec), greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
+             f"{a.target_dtype} target, {a.draft_dtype} draft (the same for HF and specdec), greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
              f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "

@@ -38,6 +38,7 @@ def cross_drafters(draft, draft_tok, tok):
     pair = dict(drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok)
     return {"cross text k=3": dict(pair, cross_tokenizer="text", draft_length=3),
             "cross intersection k=3": dict(pair, cross_tokenizer="intersection", draft_length=3),
+            "cross text k=6": dict(pair, cross_tokenizer="text", draft_length=6),
             "cross text adaptive": dict(pair, cross_tokenizer="text")}
 
 
@@ -47,10 +48,14 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cross-draft", default=None, help="a zoo model with another tokenizer to draft across tokenizers")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the target's weights; the reference is its own greedy output in that dtype")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = specdec.zoo.load(a.target)
+    dtype = getattr(torch, a.dtype)
+    model = model.to(dtype)
     extra = {}
     if a.cross_draft:
         draft, draft_tok = specdec.zoo.load(a.cross_draft)
@@ -68,8 +73,8 @@ def main() -> None:
             rows.append(f"| {p[:40]}... | {label} | {'yes' if same else '**NO**'} | {out.stats.acceptance_rate:.2f} | "
                         f"{out.stats.mean_accepted_length:.2f} | {time.perf_counter() - t0:.1f} |")
             print(rows[-1], flush=True)
-    verdict = lean._verdicts.get(model, {}).get((torch.float32, torch.device("cpu")), "not probed")
-    md = (f"# Greedy equality on {a.target}\n\n`python {' '.join(sys.argv)}`\n\n{a.max_new_tokens} new tokens per "
+    verdict = lean._verdicts.get(model, {}).get((dtype, torch.device("cpu")), "not probed")
+    md = (f"# Greedy equality on {a.target}\n\n`python {' '.join(sys.argv)}`\n\n{a.dtype}, {a.max_new_tokens} new tokens per "
           f"generation, chat template; reference: the model's own `generate(do_sample=False)`. Lean runner "
           f"verdict on this model: **{verdict}** (exact = its logits are the HF modules' bit for bit, so it is "
           f"used).\n\n| prompt | drafter | output == greedy | acceptance | tau | seconds |\n|---|---|---|---|---|---|\n"
