@@ -303,26 +303,39 @@ def byte_level_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", clean_up_tokenization_spaces=False)
 
 
+class CutSentence:
+    """A sentence split after `head`: the target's ids of the head (committed) and of the rest as the whole
+    sentence encodes it (whole), the draft's ids of the head and of the rest, and a text-mode drafter."""
+
+    def __init__(self, tok, draft_tok, head: str, rest: str):
+        self.drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
+        self.committed = tok.encode(head, add_special_tokens=False)
+        self.whole = tok.encode(head + rest, add_special_tokens=False)[len(self.committed):]
+        head_ids = draft_tok.encode(head, add_special_tokens=False)
+        self.anchor = head_ids[-1]
+        self.drafted = draft_tok.encode(head + rest, add_special_tokens=False)[len(head_ids):]
+
+    def proposals(self, first_cut: int, anchor) -> list[list[int]]:
+        """The text-mode proposal (budget 8) with the draft's text cut after each of its tokens."""
+        return [self.drafter._retokenized(self.committed, self.drafted[:j], 8, anchor)
+                for j in range(first_cut, len(self.drafted) + 1)]
+
+
 def test_text_mode_proposes_only_target_tokens_its_look_ahead_shows_complete(zoo_target):
     """The draft's text cut after every one of its tokens: with one look-ahead token every proposed target
     token is the one the whole sentence has there; without it the text's last target token is sometimes
     a piece of a longer one ('ga' of ' game'), which the target would reject."""
     target, tok = zoo_target
     draft_tok = byte_level_tokenizer(400)
-    drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
-    head, rest = "The old keeper climbed", " the winding stairs of the lighthouse every evening to light the great lamp"
-    committed = tok.encode(head, add_special_tokens=False)
-    whole = tok.encode(head + rest, add_special_tokens=False)[len(committed):]
-    drafted = draft_tok.encode(rest, add_special_tokens=False)
-    assert len(drafted) > len(whole)  # the draft's pieces are shorter
+    cut = CutSentence(tok, draft_tok, "The old keeper climbed",
+                      " the winding stairs of the lighthouse every evening to light the great lamp")
+    assert len(cut.drafted) > len(cut.whole)  # the draft's pieces are shorter
     wrong = {}
     for lookahead in (0, 1):
-        drafter.lookahead = lookahead
-        anchor = draft_tok.encode(head, add_special_tokens=False)[-1]
-        proposals = [drafter._retokenized(committed, drafted[:j], 8, anchor)
-                     for j in range(1 + lookahead, len(drafted) + 1)]
-        assert sum(map(len, proposals)) > len(drafted)  # proposals were made
-        wrong[lookahead] = sum(p != whole[:len(p)] for p in proposals)
+        cut.drafter.lookahead = lookahead
+        proposals = cut.proposals(1 + lookahead, cut.anchor)
+        assert sum(map(len, proposals)) > len(cut.drafted)  # proposals were made
+        wrong[lookahead] = sum(p != cut.whole[:len(p)] for p in proposals)
     assert wrong[1] == 0 and wrong[0] > 0, wrong
     with pytest.raises(ValueError, match="lookahead must be >= 0"):
         CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, lookahead=-1)
@@ -334,15 +347,9 @@ def test_text_mode_keeps_the_space_a_sentencepiece_draft_token_starts_with(zoo_t
     would glue words: 'atime'). With the anchor the proposals are the whole sentence's target tokens."""
     target, tok = zoo_target
     draft_tok = other_tokenizer(700)
-    drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
-    head, rest = "Once upon a", " time there was a little girl who lived in a village near the forest"
-    committed = tok.encode(head, add_special_tokens=False)
-    whole = tok.encode(head + rest, add_special_tokens=False)[len(committed):]
-    head_ids = draft_tok.encode(head, add_special_tokens=False)
-    drafted = draft_tok.encode(head + rest, add_special_tokens=False)[len(head_ids):]
-    assert draft_tok.convert_ids_to_tokens(drafted[0]).startswith("▁")
+    cut = CutSentence(tok, draft_tok, "Once upon a", " time there was a little girl who lived in a village near the forest")
+    assert draft_tok.convert_ids_to_tokens(cut.drafted[0]).startswith("▁")
     right = {}
-    for anchor in (head_ids[-1], None):
-        proposals = [drafter._retokenized(committed, drafted[:j], 8, anchor) for j in range(1, len(drafted) + 1)]
-        right[anchor is not None] = sum(bool(p) and p == whole[:len(p)] for p in proposals)
-    assert right[True] >= len(drafted) // 2 and right[False] == 0, right  # the rest end in a piece (no look-ahead)
+    for anchor in (cut.anchor, None):
+        right[anchor is not None] = sum(bool(p) and p == cut.whole[:len(p)] for p in cut.proposals(1, anchor))
+    assert right[True] >= len(cut.drafted) // 2 and right[False] == 0, right  # the rest end in a piece (no look-ahead)
