@@ -635,6 +635,27 @@ def test_tree_budget_explores_first_then_shrinks_when_deep_ranks_fail():
     assert max(budgets[10:]) == 16  # and a periodic full probe keeps the deep ranks measured
 
 
+def test_a_fresh_tree_policy_measures_a_plain_and_a_half_step_before_it_prices_budgets():
+    """With only the whole spec's forward timed, the cost line is flat and every budget looks as cheap as
+    the whole spec: a fresh policy (no costs measured) then stayed at the full budget for good. It plans
+    one plain step and one half-spec step, and then shrinks to the nodes that pay."""
+    policy = AdaptivePolicy(max_length=8)  # a fresh CostModel: nothing measured
+
+    def verify_s(n):  # this machine: a forward over n tokens costs 1 + 0.1 (n - 1) plain steps
+        return 0.01 * (1 + 0.1 * (n - 1))
+
+    budgets = []
+    for _ in range(60):
+        b = policy.tree_budget(16)
+        budgets.append(b)
+        outcome = [r < 2 for r in range(b)]  # only the two best nodes are ever accepted
+        policy.observe(b, sum(outcome), 0.002 if b else 0.0, verify_s(b + 1))
+        if b:
+            policy.observe_tree(outcome, 0.004)
+    assert budgets[:5] == [16, 16, 16, 0, 8]  # warm-up, then one plain and one half-spec step
+    assert 1 <= statistics.median(budgets[10:]) <= 3, budgets
+
+
 def test_context_rates_pay_on_bursty_acceptance():
     """Acceptance in runs (easy and hard stretches): rates kept per context (last step fully accepted or
     not) let the plan draft long in easy runs and short in hard ones; pooled rates cannot. No memory in

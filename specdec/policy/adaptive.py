@@ -61,7 +61,10 @@ class AdaptivePolicy(PolicyBase):
     (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
     drafting time of a tree step (one forward per depth, so about the same for every B). The first
     `warmup` tree steps, and every `tree_probe_every`-th after, draft the whole spec so every rank stays
-    measured.
+    measured. After the warm-up, one plain step and one step at half the spec are planned once each if
+    no forward of their size was ever timed: with only the whole spec's forward measured the cost line is
+    flat and T_target_1 is read off it, so every budget looked equally cheap and the plan kept the whole
+    spec for good (SmolLM2's head drafted 16 nodes every step where a 17-token forward costs 1.75x one).
     """
 
     _BINS = 10
@@ -180,6 +183,10 @@ class AdaptivePolicy(PolicyBase):
         if self.tracker.tree_steps < self.tree_warmup or self._tree_plan % self.tree_probe_every == 0:
             return max_nodes
         c = self.costs
+        half = max(1, max_nodes // 2)
+        for n in (1, half + 1):  # price the budget from more than the whole spec's forward (class doc)
+            if not c.measured_at(n):
+                return n - 1
         t_draft = self._tree_draft_s if self._tree_draft_s is not None else c.t_draft
         best_b, best_s, tau = 0, c.t_target_1 / c.t_verify(1), 1.0
         for b, rho in enumerate(self.tracker.per_rank(max_nodes), start=1):

@@ -77,6 +77,10 @@ class CostModel:
         """A plain decoding step: the target forward over one token (T_target_1)."""
         self.observe_verify(1, seconds)
 
+    def measured_at(self, n: int) -> bool:
+        """Whether a target forward over n tokens has been timed (n = 1: a plain step)."""
+        return int(n) in self._verify
+
     @property
     def measured(self) -> bool:
         """True once at least one target forward has been timed."""
