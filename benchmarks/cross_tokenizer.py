@@ -1,6 +1,7 @@
 """Drafting across tokenizers on real models: a target, a draft with another tokenizer (default: Qwen2.5-
-Coder-1.5B-Instruct drafted for by SmolLM2-135M-Instruct), greedy, float32, side by side in one process,
-alternating prompt by prompt after a warm-up:
+Coder-1.5B-Instruct drafted for by SmolLM2-135M-Instruct), greedy, float32 unless --target-dtype /
+--draft-dtype say otherwise (for HF and specdec alike), side by side in one process, alternating prompt
+by prompt after a warm-up:
 
     HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
@@ -138,7 +139,8 @@ def main() -> None:
              + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
-             f"{a.target_dtype} target, {a.draft_dtype} draft (the same for HF and specdec), greedy, {len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
+             f"{a.target_dtype} target, {a.draft_dtype} draft (the same for HF and specdec), greedy, "
+             f"{len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
              f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "

@@ -12,9 +12,10 @@ through the HF modules as usual, on the same pages, same layout.
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
 the HF path's, with one deliberate exception: on a CPU whose BLAS handles short blocks badly (MKL on a
 CPU not Intel's), float32 blocks of up to 6 rows multiply their linears weight-first (hf/linear.py: the
-same sums in another order, last-bit differences, up to 2x cheaper there). `LeanRunner.for_model` checks the rest on a probe sequence, once per model, dtype and device,
-and returns None (the caller keeps the HF path) for any model it does not reproduce: an unsupported
-architecture or config option, a hook. With exact=True (the target: its logits decide the output) the
+same sums in another order, last-bit differences, up to 2x cheaper there). `LeanRunner.for_model`
+checks the rest on a probe sequence, once per model, dtype and device, and returns None (the caller
+keeps the HF path) for any model it does not reproduce: an unsupported architecture or config option,
+a hook. With exact=True (the target: its logits decide the output) the
 probe demands bitwise equality; for a draft (exact=False) the same greedy tokens and logits within
 rounding suffice, since a draft's numbers only move acceptance. The verdict is cached per model object:
 hooks or weights changed after its first generation are not re-probed (`ModelDrafter(lean=False)` and
