@@ -209,7 +209,8 @@ class TreeGrower:
 
     The caller (a model drafter) runs the frontier, hands its next-token probabilities to `expand`, and
     gets the next frontier back; `result` makes the final selection. Candidate ids are creation order,
-    so a parent's id is always below its children's.
+    so a parent's id is always below its children's. The frontier leaves out nodes whose children could
+    not be kept within the budget, so a small budget costs few forwards (budget 1: none past the root).
 
         grower = TreeGrower(spec, budget)
         frontier = grower.expand(q_root[None])         # q: [len(frontier), V], the root first
@@ -275,8 +276,22 @@ class TreeGrower:
             best = sorted(new, key=lambda i: (-self.scores[i], i))[:keep]
             new = sorted(best)
         self.level += 1
-        self._frontier = new
-        return new
+        self._frontier = self._worth_expanding(new)
+        return self._frontier
+
+    def _worth_expanding(self, nodes: list[int]) -> list[int]:
+        """The nodes whose children can still be among the `budget` kept: rank (by (-score, id), as
+        top_nodes orders) at most budget - 2. A child ranks after its parent and after everything ranked
+        before it, and ranks only grow as nodes are added, so the rest can never have a kept child:
+        expanding them would cost a forward row (and with a small budget a whole forward per depth) for
+        nothing. The kept set is the one a full expansion gives."""
+        if self.budget < 2 or not nodes:
+            return []
+        if len(self.scores) < self.budget:
+            return nodes  # every node is among the budget best so far: any child may be kept
+        key = lambda i: (-self.scores[i], i)
+        cutoff = key(sorted(range(len(self.scores)), key=key)[self.budget - 2])
+        return [a for a in nodes if key(a) <= cutoff]
 
     def result(self) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the kept nodes: the best `budget` by path probability, ancestor-closed, in

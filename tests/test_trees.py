@@ -102,19 +102,60 @@ def test_static_tree_is_the_full_top_k_tree():
         assert [tokens[c] for c in children] == want  # the draft's top tokens, most likely first
 
 
+def full_expansion(spec) -> tuple[list[tuple[int, ...]], list[float]]:
+    """Every node EAGLE-2's expansion proposes (each depth's best `frontier` nodes all expanded, no
+    pruning), as (token paths, path probabilities) in creation order."""
+    paths, scores, frontier = [], [], [-1]
+    for level in range(spec.depth):
+        new = []
+        for parent in frontier:
+            prefix, base = (paths[parent], scores[parent]) if parent >= 0 else ((), 1.0)
+            top_q, top_x = fake_q(list(prefix)).topk(spec.width(level))
+            for qx, x in zip(top_q.tolist(), top_x.tolist()):
+                new.append(len(paths))
+                paths.append(prefix + (x,))
+                scores.append(base * qx)
+        if spec.frontier is not None:
+            new = sorted(sorted(new, key=lambda i: (-scores[i], i))[:spec.frontier])
+        frontier = new
+    return paths, scores
+
+
+def kept_paths(grower) -> set[tuple[int, ...]]:
+    tokens, parents = grower.result()
+    return {tuple(tokens[a] for a in path_to(parents, i)) for i in range(len(tokens))}
+
+
 def test_dynamic_tree_keeps_the_best_nodes_ancestor_closed():
     spec = TreeSpec.dynamic(nodes=12, depth=5, topk=3)
     grower = grow(spec, spec.nodes)
-    n_candidates = len(grower.tokens)
-    assert n_candidates == 3 + 4 * 9  # topk children of the root, then topk x topk per depth
     tokens, parents = grower.result()
     kids = check_tree_shape(parents)
     assert len(tokens) == 12 and max(depths(torch.tensor(parents)).tolist()) <= 5
     assert all(len(c) <= 3 for c in kids.values())
-    # exactly the 12 best path probabilities among everything proposed
-    best = sorted(grower.scores, reverse=True)[:12]
-    keep = top_nodes(grower.parents, grower.scores, 12)
-    assert sorted((grower.scores[i] for i in keep), reverse=True) == best
+    # exactly the 12 best path probabilities among everything the full expansion proposes
+    paths, scores = full_expansion(spec)
+    assert len(paths) == 3 + 4 * 9  # topk children of the root, then topk x topk per depth
+    best = top_nodes([-1] * len(paths), scores, 12)
+    assert kept_paths(grower) == {paths[i] for i in best}
+
+
+@pytest.mark.parametrize("spec", [TreeSpec.dynamic(nodes=12, depth=5, topk=3), TreeSpec.static([4, 2, 2, 1])],
+                         ids=["dynamic", "static"])
+def test_small_budgets_expand_only_nodes_that_can_have_kept_children(spec):
+    """Pruning the frontier keeps exactly the nodes a full expansion keeps, with fewer expansions:
+    budget 1 expands nothing past the root, budget b reaches at most depth b."""
+    paths, scores = full_expansion(spec)
+    expanded = []
+    for budget in range(1, spec.nodes + 1):
+        grower = grow(spec, budget)
+        best = {paths[i] for i in top_nodes([-1] * len(paths), scores, budget)}
+        assert kept_paths(grower) == best, budget
+        assert grower.level <= budget
+        expanded.append(len(grower.tokens))
+    assert expanded[0] == spec.width(0)  # the root's children only
+    assert expanded == sorted(expanded) and expanded[-1] <= len(paths)
+    assert expanded[spec.nodes // 2] < len(paths)  # a half budget never needs the whole expansion
     # a smaller budget keeps a prefix of the ranking; and ancestor closure holds even for adversarial scores
     assert len(grow(spec, 5).result()[0]) == 5
     assert top_nodes([-1, 0, -1], [0.1, 0.9, 0.5], 2) == [0, 2]
