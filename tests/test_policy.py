@@ -603,22 +603,40 @@ def test_tracker_per_rank_rates_converge_and_fill_untested_ranks():
 
 @pytest.mark.parametrize("slope", [0.0, 0.08])
 def test_tree_budget_is_bruteforce_argmax(slope):
-    """tree_budget == argmax_B (1 + sum_{r<=B} rho_r) T_1 / (T_tree + T_verify(B + 1)), evaluated by hand."""
+    """tree_budget == argmax_B (1 + sum_{r<=B} rho_r) T_1 / (T_tree(B) + T_verify(B + 1)), evaluated by
+    hand, with T_tree(B) each node count's own measured drafting time."""
     rng = np.random.default_rng(1)
     for _ in range(40):
         rho = (rng.uniform(0, 1, 12) * rng.uniform(0.2, 1)).tolist()
-        t_tree = rng.uniform(0.05, 3.0) * 0.01
+        per_level = rng.uniform(0.05, 3.0) * 0.002
+        t_tree = [0.0] + [per_level * min(b, 5) for b in range(1, 13)]  # one draft forward per depth reached
         costs = flat_costs(0.1, slope=slope)
         policy = AdaptivePolicy(max_length=8, costs=costs)
-        for _ in range(policy.tree_warmup):
-            policy.observe_tree([True] * 12, t_tree)  # the first drafting time is taken as is
+        for b in range(1, 13):
+            policy.observe_tree([True] * b, t_tree[b])  # the first drafting time is taken as is
         policy.tracker._rank_a = [r * 1e4 for r in rho]  # per-rank rates set (almost exactly) to rho
         policy.tracker._rank_b = [(1 - r) * 1e4 for r in rho]
         policy._tree_plan = 1  # not a probe step
         rates = policy.tracker.per_rank(12)
         t1 = costs.t_target_1
-        s = [1.0] + [(1 + sum(rates[:b])) * t1 / (t_tree + costs.t_verify(b + 1)) for b in range(1, 13)]
+        s = [1.0] + [(1 + sum(rates[:b])) * t1 / (t_tree[b] + costs.t_verify(b + 1)) for b in range(1, 13)]
         assert policy.tree_budget(12) == int(np.argmax(s))
+
+
+def test_tree_drafting_time_is_priced_per_node_count_optimistically_where_unmeasured():
+    """A small tree drafts fewer forwards (the grower prunes), so each node count keeps its own time; one
+    never drafted is priced as the nearest measured count below it, or pro rata below every measurement:
+    never dearer than what it may cost, so the plan tries it and learns its real time."""
+    policy = AdaptivePolicy(max_length=8)
+    policy.observe_tree([True] * 8, 0.008)
+    policy.observe_tree([False] * 16, 0.010)
+    assert policy.tree_draft_s(8) == pytest.approx(0.008) and policy.tree_draft_s(16) == pytest.approx(0.010)
+    assert policy.tree_draft_s(12) == pytest.approx(0.008)  # the nearest measured count below
+    assert policy.tree_draft_s(2) == pytest.approx(0.002)  # pro rata below every measurement
+    policy.observe_tree([True, False], 0.005)
+    assert policy.tree_draft_s(2) == pytest.approx(0.005) and policy.tree_draft_s(3) == pytest.approx(0.005)
+    policy.observe_tree([True, True], 0.003)  # an EMA per count
+    assert 0.003 < policy.tree_draft_s(2) < 0.005
 
 
 def test_tree_budget_explores_first_then_shrinks_when_deep_ranks_fail():

@@ -58,8 +58,11 @@ class AdaptivePolicy(PolicyBase):
     exploration once per policy: about 4 k = 1 steps.
 
     Trees (tree_budget): the node budget B = argmax_{B in 0..max} (1 + sum_{r<=B} rho_r) T_1 /
-    (T_tree_draft + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft the measured
-    drafting time of a tree step (one forward per depth, so about the same for every B). The first
+    (T_tree_draft(B) + T_verify(B + 1)), rho_r the tracker's per-rank rates and T_tree_draft(B) the
+    measured drafting time of a tree step of B nodes (an EMA per node count: the grower expands only
+    nodes that can have a kept child, so a small budget runs fewer draft forwards). A B never drafted is
+    priced optimistically, as the nearest measured count below it (drafting more never costs less) or,
+    below every measurement, in proportion to the smallest, so the plan tries it and learns. The first
     `warmup` tree steps, and every `tree_probe_every`-th after, draft the whole spec so every rank stays
     measured. After the warm-up, one plain step and one step at half the spec are planned once each if
     no forward of their size was ever timed: with only the whole spec's forward measured the cost line is
@@ -122,7 +125,7 @@ class AdaptivePolicy(PolicyBase):
         self._step_q: list[float] = []  # draft probs reported this step, for calibration
         self._cal_s = [0.0] * self._BINS  # [bins] forgetting success mass per confidence bin
         self._cal_n = [0.0] * self._BINS  # [bins] forgetting test mass per confidence bin
-        self._tree_draft_s: float | None = None  # EMA of a tree step's drafting seconds
+        self._tree_draft_s: dict[int, float] = {}  # nodes drafted -> EMA of a tree step's drafting seconds
         self._tree_plan = 0  # tree steps planned so far
         self.tree_warmup = 3
 
@@ -187,11 +190,10 @@ class AdaptivePolicy(PolicyBase):
         for n in (1, half + 1):  # price the budget from more than the whole spec's forward (class doc)
             if not c.measured_at(n):
                 return n - 1
-        t_draft = self._tree_draft_s if self._tree_draft_s is not None else c.t_draft
         best_b, best_s, tau = 0, c.t_target_1 / c.t_verify(1), 1.0
         for b, rho in enumerate(self.tracker.per_rank(max_nodes), start=1):
             tau += rho
-            s = tau * c.t_target_1 / (t_draft + c.t_verify(b + 1))
+            s = tau * c.t_target_1 / (self.tree_draft_s(b) + c.t_verify(b + 1))
             if s > best_s:
                 best_b, best_s = b, s
         self._plan_s = best_s
@@ -200,8 +202,22 @@ class AdaptivePolicy(PolicyBase):
     def observe_tree(self, accepted_by_rank: Sequence[bool], draft_s: float) -> None:
         """A tree step: accepted_by_rank as in AcceptanceTracker.observe_ranks; draft_s its drafting time."""
         self.tracker.observe_ranks(accepted_by_rank)
-        if accepted_by_rank:
-            self._tree_draft_s = self.costs._ema(self._tree_draft_s, float(draft_s))
+        n = len(accepted_by_rank)
+        if n:
+            self._tree_draft_s[n] = self.costs._ema(self._tree_draft_s.get(n), float(draft_s))
+
+    def tree_draft_s(self, nodes: int) -> float:
+        """Seconds to draft a tree of `nodes` nodes: its EMA, else priced optimistically (class doc)."""
+        seen = self._tree_draft_s
+        if nodes in seen:
+            return seen[nodes]
+        below = [n for n in seen if n < nodes]
+        if below:
+            return seen[max(below)]
+        if seen:
+            m = min(seen)
+            return seen[m] * nodes / m
+        return self.costs.t_draft * nodes
 
     def begin_sequence(self) -> None:
         """A new generation: its text may be easier than the last one's, so a policy that fell back to
