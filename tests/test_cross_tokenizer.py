@@ -4,6 +4,7 @@ sampled output follows the target's distribution in intersection mode (and a los
 test; chains and trees, one sequence and batched), and the bad inputs get clear errors."""
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -353,3 +354,48 @@ def test_text_mode_keeps_the_space_a_sentencepiece_draft_token_starts_with(zoo_t
     for anchor in (cut.anchor, None):
         right[anchor is not None] = sum(bool(p) and p == cut.whole[:len(p)] for p in cut.proposals(1, anchor))
     assert right[True] >= len(cut.drafted) // 2 and right[False] == 0, right  # the rest end in a piece (no look-ahead)
+
+
+class ScriptedDraft(CrossTokenizerDrafter):
+    """Text mode with a draft that writes a given sequence of draft ids (one-hot logits), counting its steps."""
+
+    def script(self, head_ids: list[int], drafted: list[int]):
+        self.ids, self.rest, self.steps = list(head_ids), list(drafted), 0
+        return self._one_hot(0)
+
+    def _one_hot(self, i: int) -> torch.Tensor:
+        logits = torch.zeros(1, len(self.draft_tok))
+        logits[0, self.rest[i]] = 1.0
+        return logits
+
+    def _step(self, draft_id: int) -> torch.Tensor:
+        self.steps += 1
+        self.ids.append(draft_id)
+        return self._one_hot(self.steps)
+
+
+def test_text_mode_drafts_until_its_text_gives_the_planned_number_of_target_tokens(zoo_target):
+    """A draft whose tokens are shorter pieces than the target's: k draft tokens often re-encode to fewer
+    than k target tokens, and stopping there proposed less than planned. The drafter drafts on (at most
+    2k draft tokens) until the text gives k target tokens; with a look-ahead token they are the whole
+    sentence's."""
+    target, tok = zoo_target
+    draft_tok = byte_level_tokenizer(400)
+    cut = CutSentence(tok, draft_tok, "The old keeper climbed",
+                      " the winding stairs of the lighthouse every evening to light the great lamp")
+    drafter = ScriptedDraft(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode="text")
+    ctx = SimpleNamespace(tokens=torch.tensor(cut.committed))
+    head_ids = draft_tok.encode("The old keeper climbed", add_special_tokens=False)
+    for lookahead in (0, 1):
+        drafter.lookahead = lookahead
+        filled, stopped = [], []
+        for k in range(1, 7):
+            logits = drafter.script(head_ids, cut.drafted)
+            proposal = drafter._propose_text(ctx, k, cut.committed, logits).tokens.tolist()
+            assert 1 <= len(proposal) <= k and drafter.steps + 1 <= 2 * k + lookahead, (k, proposal)
+            assert not lookahead or proposal == cut.whole[:len(proposal)]
+            filled.append(len(proposal))
+            stopped.append(len(drafter._retokenized(cut.committed, cut.drafted[:k + lookahead], k, head_ids[-1])))
+        assert all(f >= s for f, s in zip(filled, stopped)) and sum(filled) > sum(stopped), (filled, stopped)
+        if not lookahead:
+            assert filled == list(range(1, 7))  # without look-ahead every budget is met

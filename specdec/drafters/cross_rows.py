@@ -78,9 +78,9 @@ class CrossTokenizerRows(ModelRows):
         out: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # target ids (intersection rows)
         qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
         drafted: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # draft ids (text rows)
-        eos = self.drafter.draft_tok.eos_token_id
         forwards = [self._catch_up(i, ctx) for i, ctx, _ in live]
         anchors = {i: self.ids[i][-1] for i, _, _ in live}  # each row's committed text's last draft id
+        committed = {i: ctx.tokens.tolist() for i, ctx, _ in live if modes[i] == "text"}
         while live:
             logits = self.runner.forward(forwards)
             shared = [(row, lg) for row, lg in zip(live, logits) if modes[row[0]] == "intersection"]
@@ -90,10 +90,10 @@ class CrossTokenizerRows(ModelRows):
             for (i, ctx, k), lg in zip(live, logits):
                 if modes[i] == "intersection":
                     n, x = len(out[i]), int(self.drafter.vocab.to_draft[picks[i]])
-                else:  # a text row drafts `lookahead` draft tokens past its budget (CrossTokenizerDrafter)
+                else:  # a text row drafts until its text gives k target tokens (CrossTokenizerDrafter)
                     x = int(lg[0].argmax())
                     drafted[i].append(x)
-                    n = k if x == eos else len(drafted[i]) - self.drafter.lookahead
+                    n = k if self.drafter.drafted_enough(committed[i], drafted[i], k, anchors[i]) else 0
                 if n < k:  # run the pick: its logits are the next position's
                     forwards.append(RowForward(self.tables[i], len(self.ids[i]),
                                                torch.tensor([x], dtype=torch.long, device=self.tables[i].device),
@@ -104,7 +104,7 @@ class CrossTokenizerRows(ModelRows):
         drafts = chain_drafts(requests, out, qs)
         for j, (i, ctx, k) in enumerate(requests):
             if modes.get(i) == "text":
-                tokens = self.drafter._retokenized(ctx.tokens.tolist(), drafted[i], k, anchors[i])
+                tokens = self.drafter._retokenized(committed[i], drafted[i], k, anchors[i])
                 drafts[j] = Draft.from_lists(tokens, None, ctx.tokens.device)
         return drafts
 
