@@ -146,6 +146,37 @@ def test_a_saved_head_continues_on_a_new_machine(tmp_path, zoo_target):
     assert torch.equal(a.vocab_ids, b.vocab_ids) and not torch.equal(a.fc.weight, b.fc.weight)
 
 
+def test_a_top_only_head_continues_as_a_fusion_head_computing_the_same_function_at_first(tmp_path, zoo_target):
+    """--resume-from a top-only head with --fusion: the fusion projection starts as [0 | 0 | I], so the
+    widened head predicts exactly what the saved one did from the same top feature, whatever the low and
+    middle layers hold; training then moves the low and middle blocks. A fusion head does not load into a
+    top-only run."""
+    from specdec.drafters.head_model import HeadConfig, HeadNet
+    from specdec.training.head_trainer import _load_saved_head
+
+    target, tok = zoo_target
+    first = args(tmp_path, "top", steps=4)
+    train_head(first, target, tok, progress=False)
+    top = FeatureHead.from_pretrained(first.out, target).net.float()
+    config = HeadConfig.for_target(target, fusion=True, draft_vocab=512)
+    wide = HeadNet(config)
+    assert _load_saved_head(first.out, wide) == (4, pytest.approx(json.loads(
+        (first.out / "head_config.json").read_text())["trained"]["train_seconds"]))
+    wide.bind(target)
+    H = config.hidden_size
+    feats = torch.randn(2, 9, 3 * H)
+    tokens = torch.randint(0, 100, (2, 9))
+    for a, b in zip(top.unroll(feats[..., -H:], tokens, 3), wide.unroll(feats, tokens, 3)):
+        assert torch.allclose(a, b, atol=1e-5)
+    fused = args(tmp_path, "fused", steps=6, fusion=True, resume_from=first.out)
+    train_head(fused, target, tok, progress=False)
+    assert sorted(losses(fused.work)) == [5, 6]
+    moved = FeatureHead.from_pretrained(fused.out, target).net
+    assert moved.fuse.weight[:, :2 * H].abs().sum() > 0  # the low and middle layers now feed the head
+    with pytest.raises(ValueError, match="other settings"):
+        train_head(args(tmp_path, "back", steps=8, resume_from=fused.out), target, tok, progress=False)
+
+
 def test_the_prompt_set_is_varied_prefix_stable_and_never_overlaps_the_benchmark():
     """The composed prompt set draws from three families (everyday requests in many forms, task x topic,
     code writing and editing); build(n) is a prefix of build(m) for n < m (a grown data build keeps its

@@ -143,12 +143,22 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
 
 
 def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
+    """Load a saved head into `net` (its weights and step). A top-only head loads into a fusion net as the
+    same function: the fusion projection starts as [0 | 0 | I], passing the top layer's feature through, so
+    fusion training continues from everything the top-only head learned instead of from scratch."""
     cfg = json.loads((path / "head_config.json").read_text())
-    if cfg["target_fingerprint"] != net.config.target_fingerprint or list(cfg["feature_layers"]) != list(
-            net.config.feature_layers) or cfg.get("draft_vocab", 0) != net.config.draft_vocab:
+    saved, want = list(cfg["feature_layers"]), list(net.config.feature_layers)
+    widen = saved != want and len(saved) == 1 and len(want) > 1 and saved[0] == want[-1]
+    if cfg["target_fingerprint"] != net.config.target_fingerprint or (saved != want and not widen) or cfg.get(
+            "draft_vocab", 0) != net.config.draft_vocab or cfg.get("num_layers", 1) != net.config.num_layers:
         raise ValueError(f"--resume-from {path}: that head was trained for another target or with other settings")
-    state = load_file(str(path / "head.safetensors"))
-    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "head.safetensors")).items()}
+    if widen:
+        H = net.config.hidden_size
+        fuse = torch.zeros(H, len(want) * H)
+        fuse[:, -H:] = torch.eye(H)
+        state["fuse.weight"] = fuse
+    net.load_state_dict(state)
     trained = cfg.get("trained", {})
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
 
