@@ -45,7 +45,8 @@ def add_train_head_parser(sub) -> None:
     t.add_argument("--work", default=None, help="data, checkpoint and log (default: OUT.work); rerun to resume")
     t.add_argument("--export-checkpoint", action="store_true",
                    help="do not train: save the head of the run in --work as it stands to --out (marked partial)")
-    _add_fields(t, HeadTrainArgs, {"resume_from": (Path, "a saved head to continue from (no checkpoint in --work)")})
+    _add_fields(t, HeadTrainArgs, {"resume_from": (Path, "a saved head to continue from (no checkpoint in --work); "
+                                                         "a top-only head continues as a --fusion head")})
 
 
 def cmd_train_head(a) -> None:
