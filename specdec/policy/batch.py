@@ -21,8 +21,9 @@ CostModel), so the first steps draft and measure.
 
 Dynamic trees (node_budgets): the same plan over node budgets B_i instead of lengths, with each row's
 per-rank rates rho_ir (AcceptanceTracker.per_rank: how often the r-th best node was on the accepted
-path) as the gains and one tree step's drafting time (one forward per depth, about the same for any
-budget) as the draft price:
+path) as the gains and one tree step's drafting time (one forward per depth that some row still
+expands; the grower stops expanding nodes that cannot be kept, so small budgets stop early, but the
+batch is priced by one EMA, unlike AdaptivePolicy's per-count one) as the draft price:
 
     rate(B) = sum_i (1 + sum_{r <= B_i} rho_ir) / (T_verify(sum_i (B_i + 1)) + T_tree * S(B))
 
