@@ -273,7 +273,7 @@ class TreeGrower:
                 self.depth.append(self.level + 1)
         keep = self.spec.frontier
         if keep is not None and len(new) > keep:
-            best = sorted(new, key=lambda i: (-self.scores[i], i))[:keep]
+            best = sorted(new, key=self._rank_key)[:keep]
             new = sorted(best)
         self.level += 1
         self._frontier = self._worth_expanding(new)
@@ -289,9 +289,12 @@ class TreeGrower:
             return []
         if len(self.scores) < self.budget:
             return nodes  # every node is among the budget best so far: any child may be kept
-        key = lambda i: (-self.scores[i], i)
-        cutoff = key(sorted(range(len(self.scores)), key=key)[self.budget - 2])
-        return [a for a in nodes if key(a) <= cutoff]
+        cutoff = self._rank_key(sorted(range(len(self.scores)), key=self._rank_key)[self.budget - 2])
+        return [a for a in nodes if self._rank_key(a) <= cutoff]
+
+    def _rank_key(self, node: int) -> tuple[float, int]:
+        """Best first: higher path probability, then lower id (top_nodes' order)."""
+        return -self.scores[node], node
 
     def result(self) -> tuple[list[int], list[int]]:
         """(tokens, parents) of the kept nodes: the best `budget` by path probability, ancestor-closed, in

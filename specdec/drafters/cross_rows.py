@@ -78,6 +78,7 @@ class CrossTokenizerRows(ModelRows):
         out: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # target ids (intersection rows)
         qs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in requests}
         drafted: dict[int, list[int]] = {i: [] for i, _, _ in requests}  # draft ids (text rows)
+        proposals: dict[int, list[int]] = {}  # target ids (text rows, once drafted enough)
         forwards = [self._catch_up(i, ctx) for i, ctx, _ in live]
         anchors = {i: self.ids[i][-1] for i, _, _ in live}  # each row's committed text's last draft id
         committed = {i: ctx.tokens.tolist() for i, ctx, _ in live if modes[i] == "text"}
@@ -93,7 +94,10 @@ class CrossTokenizerRows(ModelRows):
                 else:  # a text row drafts until its text gives k target tokens (CrossTokenizerDrafter)
                     x = int(lg[0].argmax())
                     drafted[i].append(x)
-                    n = k if self.drafter.drafted_enough(committed[i], drafted[i], k, anchors[i]) else 0
+                    proposal = self.drafter.text_proposal(committed[i], drafted[i], k, anchors[i])
+                    if proposal is not None:
+                        proposals[i] = proposal
+                    n = 0 if proposal is None else k
                 if n < k:  # run the pick: its logits are the next position's
                     forwards.append(RowForward(self.tables[i], len(self.ids[i]),
                                                torch.tensor([x], dtype=torch.long, device=self.tables[i].device),
@@ -104,8 +108,7 @@ class CrossTokenizerRows(ModelRows):
         drafts = chain_drafts(requests, out, qs)
         for j, (i, ctx, k) in enumerate(requests):
             if modes.get(i) == "text":
-                tokens = self.drafter._retokenized(committed[i], drafted[i], k, anchors[i])
-                drafts[j] = Draft.from_lists(tokens, None, ctx.tokens.device)
+                drafts[j] = Draft.from_lists(proposals[i], None, ctx.tokens.device)
         return drafts
 
     def propose_trees(self, requests: list) -> list[Draft]:

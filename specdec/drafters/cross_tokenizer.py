@@ -246,25 +246,26 @@ class CrossTokenizerDrafter:
         anchor = self.ids[-1]  # the committed text's last draft token
         while True:
             drafted.append(int(logits[0].argmax()))
-            if self.drafted_enough(committed, drafted, budget, anchor):
-                break
+            proposal = self.text_proposal(committed, drafted, budget, anchor)
+            if proposal is not None:
+                return Draft.from_lists(proposal, None, ctx.tokens.device)
             logits = self._step(drafted[-1])
-        return Draft.from_lists(self._retokenized(committed, drafted, budget, anchor), None, ctx.tokens.device)
 
-    def drafted_enough(self, committed: list[int], drafted: list[int], budget: int, anchor: int | None) -> bool:
-        """Text mode: stop drafting after `drafted` (draft ids)? At the draft's EOS; else once at least
-        budget + lookahead draft tokens are drafted and their text gives `budget` target tokens, or none (a
-        merge across the boundary), or 2 x budget + lookahead were drafted. Draft tokens often re-encode to
-        fewer target tokens ('calc' + 'ulate' -> ' calculate'); stopping at `budget` draft tokens then
-        proposed fewer than planned (k used 1.6-1.8 at k = 2 with SmolLM2 drafting for Qwen2.5-Coder)."""
-        if drafted[-1:] == [self.draft_tok.eos_token_id]:
-            return True
-        if len(drafted) < budget + self.lookahead:
-            return False
-        if len(drafted) >= 2 * budget + self.lookahead:
-            return True
+    def text_proposal(self, committed: list[int], drafted: list[int], budget: int,
+                      anchor: int | None) -> list[int] | None:
+        """Text mode after `drafted` (draft ids): the proposal (_retokenized), or None to draft on. Done at
+        the draft's EOS; else once at least budget + lookahead draft tokens are drafted and their text gives
+        `budget` target tokens, or none (a merge across the boundary), or 2 x budget + lookahead were
+        drafted. Draft tokens often re-encode to fewer target tokens ('calc' + 'ulate' -> ' calculate');
+        stopping at `budget` draft tokens then proposed fewer than planned (k used 1.6-1.8 at k = 2 with
+        SmolLM2 drafting for Qwen2.5-Coder)."""
+        ended = drafted[-1:] == [self.draft_tok.eos_token_id]
+        if not ended and len(drafted) < budget + self.lookahead:
+            return None
         proposal = self._retokenized(committed, drafted, budget, anchor)
-        return not proposal or len(proposal) >= budget
+        if ended or len(drafted) >= 2 * budget + self.lookahead or not proposal or len(proposal) >= budget:
+            return proposal
+        return None
 
     def _draft_text(self, drafted: list[int], anchor: int | None) -> str:
         """The text of drafted draft ids as it continues the committed text: decoded after `anchor` (the
