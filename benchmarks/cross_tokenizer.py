@@ -6,7 +6,8 @@ by prompt after a warm-up:
     HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
     specdec text at each --spec-k · specdec text / intersection, adaptive; text modes at each
-    --lookahead (draft tokens drafted past a proposal to tell its last target token complete)
+    --lookahead (draft tokens drafted past a proposal to tell its last target token complete) ·
+    with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive)
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
-from specdec.drafters import CrossTokenizerDrafter  # noqa: E402
+from specdec.drafters import CrossTokenizerDrafter, LookupFirst  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.quantize import int8_draft  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
                     help="also run intersection mode with this dynamic tree (adaptive node budget)")
+    ap.add_argument("--lookup-first", action="store_true",
+                    help="also run prompt lookup alone and in front of text mode (drafters.LookupFirst), adaptive")
     ap.add_argument("--only", nargs="*", default=None, help="run only the modes whose names contain one of these")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/real_cross_tokenizer"))
     a = ap.parse_args()
@@ -105,6 +108,9 @@ def main() -> None:
             modes[f"specdec text k={k}{named(la)}"] = timed(specdec.wrap(target, drafter=text(la), draft_length=k))
     for la in a.lookahead:
         modes[f"specdec text adaptive{named(la)}"] = timed(specdec.wrap(target, drafter=text(la)))
+    if a.lookup_first:
+        modes["specdec ngram adaptive"] = timed(specdec.wrap(target, drafter="ngram"))
+        modes["specdec ngram+text adaptive"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0))))
     modes["specdec intersection adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
                                                                 assistant_tokenizer=dtok, cross_tokenizer="intersection"))
     if a.tree:
@@ -138,6 +144,7 @@ def main() -> None:
              + (f" --draft-dtype {a.draft_dtype}" if a.draft_dtype != "float32" else "")
              + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
+             + (" --lookup-first" if a.lookup_first else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
              f"{a.target_dtype} target, {a.draft_dtype} draft (the same for HF and specdec), greedy, "
              f"{len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "

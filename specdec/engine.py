@@ -23,13 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from .cache.pool import BlockTable, PagePool, common_prefix
-from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, TreeDrafter,
-                            check_draft)
+from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, ModelBackedDrafter, SwitchingDrafter,
+                            TreeDrafter, check_draft)
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.lean import LeanRunner
 from .hf.runner import ModelRunner, check_rope_span, max_positions_of
-from .policy import DraftPolicy
+from .policy import DraftPolicy, SourcePolicy
 from .processing import LogitsPipeline
 from .stats import SpecStats
 from .step import Limits, compact_path, emitting_rows, node_paths, pick_token, propose_tree, stops_at, verify
@@ -247,27 +247,35 @@ class Engine:
                 streamer.end()
         return torch.tensor(tokens, dtype=torch.long), stats
 
+    def _plan_for(self, context: torch.Tensor):
+        """The policy that plans this step: a switching drafter's source's own (SourcePolicy.for_source)
+        when both sides have them, else the engine's one policy. context: [N] int64, the committed tokens."""
+        if isinstance(self.drafter, SwitchingDrafter) and isinstance(self.policy, SourcePolicy):
+            return self.policy.for_source(self.drafter.source(context))
+        return self.policy
+
     def _step(self, tokens, T, target: ModelRunner, pipeline, sampling, limits, stats, generator, table,
               streamer, max_pos) -> bool:
         N = len(tokens)
         L = N - 1  # the root's position; the target holds KV for [0, L)
+        context = self._context[:N]  # the committed tokens on the device (a view; appended below)
+        t0 = time.perf_counter()
+        policy = self._plan_for(context)
         # a chain's length, or a tree's depth: the step emits at most that + 1 tokens
         budget = limits.max_new_tokens - (N - T) - 1
         if self.tree is None:
-            budget = min(self.policy.next_length(), budget)
+            budget = min(policy.next_length(), budget)
         if max_pos is not None:
             budget = min(budget, max_pos - N)
-        context = self._context[:N]  # the committed tokens on the device (a view; appended below)
-        t0 = time.perf_counter()
         toks: list[int] = []
         par: list[int] = []
         node_scores: list[float] | None = None
         if budget > 0 and self.drafter is not None:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=pipeline,
-                               should_continue=None if self.tree is not None else self.policy.should_continue)
+                               should_continue=None if self.tree is not None else policy.should_continue)
             if self.tree is not None:
                 spec = self.tree.limited(budget)
-                nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, self.policy.tree_budget(spec.nodes))
+                nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, policy.tree_budget(spec.nodes))
                 draft, toks, par, node_scores = propose_tree(self.drafter, ctx, spec, nodes, self.vocab_size,
                                                              self.device)
             else:
@@ -312,11 +320,11 @@ class Engine:
         stats.record_step(n, m, depth=max(node_depth, default=0))
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
-        self.policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
+        policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
         if n and node_scores is not None:  # per-rank acceptance
             on_path = set(result.path)
             order = sorted(range(n), key=lambda i: (-node_scores[i], i))
-            self.policy.observe_tree([i in on_path for i in order], t1 - t0)
+            policy.observe_tree([i in on_path for i in order], t1 - t0)
         if streamer is not None:
             streamer.put(torch.tensor(new[:emitted]))
         return done

@@ -73,3 +73,19 @@ def test_python_dash_m_specdec_is_the_command_and_the_policy_types_are_top_level
     r = subprocess.run([sys.executable, "-m", "specdec", "zoo", "list"], capture_output=True, text=True)
     assert r.returncode == 0 and "target-head" in r.stdout
     assert specdec.AcceptanceTracker.__name__ == "AcceptanceTracker" and specdec.DraftPolicy.__name__ == "DraftPolicy"
+
+
+def test_the_demo_drafts_with_lookup_in_front_of_a_shipped_head(capsys):
+    """'ngram+NAME' puts prompt lookup in front of NAME's drafter (drafters.LookupFirst); the output stays
+    the target's own greedy one."""
+    main(["demo", "--drafter", "ngram+target-head", "--max-new-tokens", "24", "--repeats", "1", "--no-stream",
+          "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "output identical to target-only greedy: yes" in out and "acceptance" in out
+
+
+def test_a_lookup_in_front_of_a_lookup_is_one_clear_error():
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "demo", "--drafter", "ngram+ngram"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "after 'ngram+' name a model" in r.stderr

@@ -33,7 +33,9 @@ def _add_sampling_args(parser) -> None:
 
 
 DEMO_PROMPT_INDEX, DEMO_NEW_TOKENS = 23, 64
-DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER', a shipped head or 'head:DIR'; default 'auto': draft-wide for the zoo target, "
+DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER', a shipped head or 'head:DIR', or "
+                "'ngram+' before any of these (prompt lookup where the text repeats, that drafter elsewhere); "
+                "default 'auto': draft-wide for the zoo target, "
                "ngram for any other (a real model has no same-tokenizer draft yet)")
 
 

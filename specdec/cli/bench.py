@@ -66,10 +66,12 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
     """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
     the best of them), prompt lookup at the largest. With no draft model the n-gram drafter runs at each k
     too; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k); a
-    feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, and as a dynamic tree."""
+    feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, as a dynamic tree, and
+    behind prompt lookup (drafters.LookupFirst, adaptive)."""
     import copy
 
     import specdec
+    from ..drafters import LookupFirst
 
     ks = _ks(k)
     modes = {"target-only": _hf_mode(target, n),
@@ -103,6 +105,7 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
         for kk in ks:
             modes[f"specdec head k={kk}"] = _spec_mode(specdec.wrap(target, drafter=head, draft_length=kk), n)
         modes["specdec head adaptive"] = _spec_mode(specdec.wrap(target, drafter=head), n)
+        modes["specdec ngram+head adaptive"] = _spec_mode(specdec.wrap(target, drafter=LookupFirst(head)), n)
         modes["specdec head tree"] = _spec_mode(specdec.wrap(target, drafter=head, tree=tree or _head_tree()), n)
     if exit_layer is not None:
         from ..drafters import EarlyExit
@@ -231,7 +234,7 @@ def summarise(results: dict, k, greedy: bool) -> dict:
                                   "fraction_of_ideal": drafted[name].get("fraction_of_ideal"),
                                   "vs_specdec_plain": drafted[name]["tokens_per_s"] / plain["tokens_per_s"]
                                   if plain else None}
-    heads = {n: r for n, r in out["modes"].items() if n.startswith("specdec head")}
+    heads = {n: r for n, r in out["modes"].items() if n.startswith(("specdec head", "specdec ngram+head"))}
     hf_any = {n: r for n, r in out["modes"].items() if n.startswith("HF")}
     if heads:  # the feature head against target-only and HF's best option for this target
         name = max(heads, key=lambda n: heads[n]["tokens_per_s"])

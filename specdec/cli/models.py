@@ -43,11 +43,21 @@ def _default_drafter(target: str) -> str:
 def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
     """'ngram', 'early-exit:LAYER' (the target's first LAYER layers; needs target), a feature head (a
     shipped head's name or 'head:DIR'; needs target) or a draft model; one with another tokenizer drafts
-    across tokenizers (CrossTokenizerDrafter, mode 'auto')."""
+    across tokenizers (CrossTokenizerDrafter, mode 'auto'). 'ngram+SPEC': prompt lookup where the context
+    repeats, SPEC's drafter elsewhere (drafters.LookupFirst)."""
     from .. import zoo
 
     if spec == "ngram":
         return "ngram"
+    if spec.startswith("ngram+"):
+        from transformers import PreTrainedModel
+
+        from ..drafters import LookupFirst, ModelDrafter
+
+        inner = _drafter_arg(spec[len("ngram+"):], tok, dtype, target)
+        if inner == "ngram" or isinstance(inner, LookupFirst):
+            raise SystemExit(f"specdec: drafter {spec!r}: after 'ngram+' name a model, a head or early-exit:LAYER")
+        return LookupFirst(ModelDrafter(inner) if isinstance(inner, PreTrainedModel) else inner)
     if spec in zoo.heads() or spec.startswith("head:"):
         from ..drafters import FeatureHead
 

@@ -5,16 +5,19 @@
 - EarlyExit: the target's own first layers (self-speculation).
 - FeatureHead: a small trained head on the target's own features (EAGLE family).
 - CrossTokenizerDrafter: a draft model with its own tokenizer (token-level intersection or text).
+- LookupFirst: prompt lookup where the context repeats, any of the above elsewhere (`drafter="ngram+..."`
+  on the command line).
 Any object following the `Drafter` protocol (base.py) plugs in the same way.
 """
 from .base import (BatchDrafter, CheckedDrafter, Draft, DraftContext, Drafter, DraftRows, DraftSetup, FeatureDrafter,
-                   ModelBackedDrafter, RowDrafter, TreeDrafter)
+                   ModelBackedDrafter, RowDrafter, SwitchingDrafter, TreeDrafter)
 from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
 from .model import ModelDrafter
+from .lookup_first import LookupFirst
 from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
-           "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter",
+           "TreeDrafter", "DraftSetup", "CrossTokenizerDrafter", "LookupFirst", "SwitchingDrafter",
            "CheckedDrafter", "ModelBackedDrafter", "RowDrafter", "BatchDrafter", "DraftRows"]

@@ -250,6 +250,19 @@ class FeatureRows(DraftRows, Protocol):
     def attach(self, features: list) -> None: ...
 
 
+@runtime_checkable
+class SwitchingDrafter(Drafter, Protocol):
+    """A drafter that has several ways to propose and picks one per step (drafters/lookup_first.py: an
+    n-gram match where the context repeats, a model elsewhere). Their acceptance and cost differ, so the
+    engine plans each source's steps on its own (policy/base.py SourcePolicy).
+
+    source(tokens): the committed context [T] int64 -> the name of the source that will propose from it,
+        asked before the step's budget is planned; propose / propose_tree on the same context then use it
+    """
+
+    def source(self, tokens: torch.Tensor) -> str: ...
+
+
 def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[int], list[int], list[float] | None]:
     """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
     q rows [n, vocab]. A ValueError names the drafter and what it got wrong.

@@ -71,7 +71,7 @@ class NgramIndex:
                     del ends[0]
                 self.ops += 1
 
-    def _match(self) -> tuple[int, list[int]]:
+    def match(self) -> tuple[int, list[int]]:
         """(n, earlier ends, most recent first) for the longest suffix n-gram seen before; (0, []) if none."""
         T = len(self.tokens)
         for n in range(min(self.max_n, T - 1), self.min_n - 1, -1):
@@ -85,7 +85,7 @@ class NgramIndex:
         """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
         if k <= 0:
             return []
-        _, ends = self._match()
+        _, ends = self.match()
         return self.tokens[ends[0]:ends[0] + k] if ends else []
 
     def lookup_tree(self, k: int, max_branches: int) -> tuple[list[int], list[int]]:
@@ -99,7 +99,7 @@ class NgramIndex:
         """
         if k <= 0 or max_branches <= 0:
             return [], []
-        _, ends = self._match()
+        _, ends = self.match()
         branches: list[list[int]] = []
         seen: set[int] = set()
         for e in ends:
@@ -153,10 +153,10 @@ class PromptLookup:
         self.index = NgramIndex(self.min_n, self.max_n, self.max_matches)
         self.num_context_tokens = 0
         if setup is not None and setup.prompt is not None:  # index the prompt now: prefill, not drafting
-            self._sync(setup.prompt)
+            self.index_of(setup.prompt)
 
-    def _sync(self, tokens: torch.Tensor) -> NgramIndex:
-        """Index ctx.tokens past what is already indexed. tokens: [T] int64."""
+    def index_of(self, tokens: torch.Tensor) -> NgramIndex:
+        """The index, after indexing the context tokens [T] int64 past what it already holds."""
         if self.index is None:
             self.index = NgramIndex(self.min_n, self.max_n, self.max_matches)
         index = self.index
@@ -184,7 +184,7 @@ class PromptLookup:
         device = ctx.tokens.device
         if budget <= 0:
             return Draft.empty(device)  # plain decoding this step: the index catches up next time
-        draft = self._sync(ctx.tokens).lookup(budget)
+        draft = self.index_of(ctx.tokens).lookup(budget)
         if not draft:
             return Draft.empty(device)
         return Draft.from_lists(draft, None, device)
@@ -200,7 +200,7 @@ class PromptLookup:
         device = ctx.tokens.device
         if budget <= 0 or max_branches <= 0:
             return Draft.empty(device)
-        tokens, parents = self._sync(ctx.tokens).lookup_tree(budget, max_branches)
+        tokens, parents = self.index_of(ctx.tokens).lookup_tree(budget, max_branches)
         if not tokens:
             return Draft.empty(device)
         return Draft.from_lists(tokens, parents, device)

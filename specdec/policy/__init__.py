@@ -26,7 +26,7 @@ The engine's loop, per step:
 import numbers
 
 from .adaptive import AdaptivePolicy
-from .base import DraftPolicy, PolicyBase
+from .base import DraftPolicy, PolicyBase, SourcePolicy
 from .costs import CostModel
 from .formulas import best_length, expected_speedup, expected_tokens, ideal_speedup
 from .simple import ConstantPolicy, HeuristicPolicy
@@ -37,6 +37,7 @@ __all__ = [
     "CostModel",
     "DraftPolicy",
     "PolicyBase",
+    "SourcePolicy",
     "ConstantPolicy",
     "HeuristicPolicy",
     "AdaptivePolicy",

@@ -128,6 +128,29 @@ class AdaptivePolicy(PolicyBase):
         self._tree_draft_s: dict[int, float] = {}  # nodes drafted -> EMA of a tree step's drafting seconds
         self._tree_plan = 0  # tree steps planned so far
         self.tree_warmup = 3
+        self._settings = dict(probe_budget=probe_budget, probe_length=probe_length, max_probe_gap=max_probe_gap,
+                              tree_probe_every=tree_probe_every, early_stop=early_stop,
+                              calibration_prior=calibration_prior, fallback_below=fallback_below,
+                              sequence_discount=sequence_discount, explore_tokens=explore_tokens)
+        self._sources: dict[str, AdaptivePolicy] = {}  # for_source's plans, by source name
+        self._overall: AcceptanceTracker | None = None  # a per-source plan's parent's tracker (for_source)
+
+    # ---- sources of a switching drafter
+
+    def for_source(self, source: str) -> "AdaptivePolicy":
+        """The plan for the steps one source of a switching drafter proposes (drafters/lookup_first.py:
+        an n-gram match, or the model): an AdaptivePolicy of the same settings with its own acceptance
+        tracker, draft cost, calibration and fallback state, sharing this policy's target forward timings
+        (one target verifies for both). A lookup whose matches are accepted 0.6-1.0 by position and cost
+        nothing plans long drafts; the model beside it plans its own short ones, where one plan over the
+        mix planned 1-2 tokens for both. Steps observed through it also feed this policy's tracker, which
+        the generation's stats report."""
+        plan = self._sources.get(source)
+        if plan is None:
+            plan = AdaptivePolicy(self.max_length, costs=self.costs.sharing_target(), **self._settings)
+            plan._overall = self.tracker
+            self._sources[source] = plan
+        return plan
 
     # ---- planning
 
@@ -202,6 +225,8 @@ class AdaptivePolicy(PolicyBase):
     def observe_tree(self, accepted_by_rank: Sequence[bool], draft_s: float) -> None:
         """A tree step: accepted_by_rank as in AcceptanceTracker.observe_ranks; draft_s its drafting time."""
         self.tracker.observe_ranks(accepted_by_rank)
+        if self._overall is not None:
+            self._overall.observe_ranks(accepted_by_rank)
         n = len(accepted_by_rank)
         if n:
             self._tree_draft_s[n] = self.costs._ema(self._tree_draft_s.get(n), float(draft_s))
@@ -229,6 +254,8 @@ class AdaptivePolicy(PolicyBase):
         self._plain_run = 0  # the drafter has just read the prompt: nothing to catch up on
         if self.tracker.steps > 0:  # a fresh tracker holds only its prior, no last text to discount
             self.tracker.discount(self.sequence_discount)
+        for plan in self._sources.values():
+            plan.begin_sequence()
 
     # ---- inside a step
 
@@ -261,6 +288,8 @@ class AdaptivePolicy(PolicyBase):
             extra = draft_s + verify_s - self.costs.t_target_1 - self._probe_price(k)
             self._catchup_s = self.costs._ema(self._catchup_s, max(0.0, extra) / self._plain_run)
         super().observe(k, n, draft_s, verify_s, beta)
+        if self._overall is not None:
+            self._overall.observe(k, n, beta)
         self._tested += min(n + 1, k)
         self._plain_run = self._plain_run + 1 if k == 0 else 0
         if k > 0 and self._step_q:
@@ -278,6 +307,7 @@ class AdaptivePolicy(PolicyBase):
             "costs": self.costs.to_dict(),
             "plan_k": self._plan_k,
             "plan_speedup": self._plan_s,
+            **({"sources": {name: plan.to_dict() for name, plan in self._sources.items()}} if self._sources else {}),
         }
 
     def __repr__(self) -> str:

@@ -45,6 +45,15 @@ class DraftPolicy(Protocol):
     def observe_tree(self, accepted_by_rank: Sequence[bool], draft_s: float) -> None: ...
 
 
+@runtime_checkable
+class SourcePolicy(DraftPolicy, Protocol):
+    """A policy that plans each source of a switching drafter (drafters/base.py SwitchingDrafter) on its
+    own: for_source(name) is the DraftPolicy the engine asks and tells about the steps that source
+    proposes (policy/adaptive.py). A policy without it plans every step alike (a constant k)."""
+
+    def for_source(self, source: str) -> DraftPolicy: ...
+
+
 class PolicyBase:
     """Shared bookkeeping and the neutral hooks: a tracker and a cost model (so stats can report alpha and
     c), no early stop, a dynamic tree's whole budget, nothing to do when a sequence begins. Subclasses

@@ -31,6 +31,9 @@ class CostModel:
     or stale measurement never is: the line prices it.
 
     Before any measurement the unit is arbitrary: T_target_1 = 1, verification is flat, c = 0.1.
+
+    `sharing_target()` gives a cost model with its own draft cost that shares these target forward
+    timings (one target, drafted for by two sources: policy/adaptive.py's per-source plans).
     """
 
     DEFAULT_C = 0.1
@@ -45,9 +48,15 @@ class CostModel:
         self.slope_prior = 0.5  # ridge on b, in weight x tokens^2: a slope needs recent evidence at 2+ n's
         self.trusted_weight = 2.0  # an n measured this often (decayed count) is priced by its own EMA
         self._draft: float | None = None  # seconds per drafted token
-        self._verify: dict[int, float] = {}  # n tokens in the target forward -> seconds (EMA)
-        self._weight: dict[int, float] = {}  # n -> measurements seen, decayed by `forgetting` per measurement
-        self._fitted: tuple[float, float] | None = None  # (a, b), cached until the next measurement
+        self._fwd = _ForwardTimes()  # the target forward timings (shared by sharing_target's cost models)
+
+    def sharing_target(self) -> "CostModel":
+        """A cost model of the same settings whose draft cost is its own (unmeasured) and whose target
+        forward timings are this one's: a measurement through either is seen by both."""
+        other = CostModel(self.smoothing, self.forgetting)
+        other.slope_prior, other.trusted_weight = self.slope_prior, self.trusted_weight
+        other._fwd = self._fwd
+        return other
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1.0 - self.smoothing) * old + self.smoothing * new
@@ -63,15 +72,15 @@ class CostModel:
         if n < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
         if seconds >= 0:
-            self._verify[n] = self._ema(self._verify.get(n), float(seconds))
-            for m in self._weight:
-                self._weight[m] *= self.forgetting
-            self._weight[n] = self._weight.get(n, 0.0) + 1.0
-            self._fitted = None
+            self._fwd.seconds[n] = self._ema(self._fwd.seconds.get(n), float(seconds))
+            for m in self._fwd.weight:
+                self._fwd.weight[m] *= self.forgetting
+            self._fwd.weight[n] = self._fwd.weight.get(n, 0.0) + 1.0
+            self._fwd.fitted = None
 
     def trusted(self, n: int) -> bool:
         """Whether n is measured often and recently enough to be priced by its own EMA."""
-        return self._weight.get(int(n), 0.0) >= self.trusted_weight
+        return self._fwd.weight.get(int(n), 0.0) >= self.trusted_weight
 
     def observe_plain(self, seconds: float) -> None:
         """A plain decoding step: the target forward over one token (T_target_1)."""
@@ -79,22 +88,22 @@ class CostModel:
 
     def measured_at(self, n: int) -> bool:
         """Whether a target forward over n tokens has been timed (n = 1: a plain step)."""
-        return int(n) in self._verify
+        return int(n) in self._fwd.seconds
 
     @property
     def measured(self) -> bool:
         """True once at least one target forward has been timed."""
-        return bool(self._verify)
+        return bool(self._fwd.seconds)
 
     def _line(self) -> tuple[float, float]:
         """(a, b) of T_verify(n) = a + b (n - 1) for n >= 2: weighted least squares through the n >= 2
         EMAs, b >= 0 (see class doc); flat at the plain step's cost while no n >= 2 is measured."""
-        if self._fitted is None:
-            pts = {n: t for n, t in self._verify.items() if n >= 2}
+        if self._fwd.fitted is None:
+            pts = {n: t for n, t in self._fwd.seconds.items() if n >= 2}
             if not pts:
-                self._fitted = (self._verify[1], 0.0)
+                self._fwd.fitted = (self._fwd.seconds[1], 0.0)
             else:
-                w = self._weight
+                w = self._fwd.weight
                 total = sum(w[n] for n in pts)
                 xm = sum(w[n] * n for n in pts) / total
                 ym = sum(w[n] * t for n, t in pts.items()) / total
@@ -102,20 +111,20 @@ class CostModel:
                 sxy = sum(w[n] * (n - xm) * (t - ym) for n, t in pts.items())
                 b = max(0.0, sxy / (sxx + self.slope_prior)) if sxx + self.slope_prior > 0 else 0.0
                 a = ym - b * (xm - 1.0)
-                if 1 in self._verify:  # prior: flat at the plain step, worth `slope_prior` measurements
-                    a = (total * a + self.slope_prior * self._verify[1]) / (total + self.slope_prior)
-                self._fitted = (a, b)
-        return self._fitted
+                if 1 in self._fwd.seconds:  # prior: flat at the plain step, worth `slope_prior` measurements
+                    a = (total * a + self.slope_prior * self._fwd.seconds[1]) / (total + self.slope_prior)
+                self._fwd.fitted = (a, b)
+        return self._fwd.fitted
 
     @property
     def t_target_1(self) -> float:
         """Seconds for a plain decoding step (target forward over 1 token; see class doc)."""
-        if not self._verify:
+        if not self._fwd.seconds:
             return 1.0
-        if 1 in self._verify:
-            return self._verify[1]
+        if 1 in self._fwd.seconds:
+            return self._fwd.seconds[1]
         a = self._line()[0]
-        return max(a, max(t / n for n, t in self._verify.items()))
+        return max(a, max(t / n for n, t in self._fwd.seconds.items()))
 
     def t_verify(self, n: int) -> float:
         """Seconds for a target forward over n tokens: T_target_1 for n = 1; for n >= 2 its own EMA while
@@ -123,12 +132,12 @@ class CostModel:
         n = int(n)
         if n < 1:
             raise ValueError(f"a target forward covers at least 1 token, got {n}")
-        if not self._verify:
+        if not self._fwd.seconds:
             return 1.0
         if n == 1:
             return self.t_target_1
         if self.trusted(n):
-            return self._verify[n]
+            return self._fwd.seconds[n]
         a, b = self._line()
         return a + b * (n - 1)
 
@@ -147,5 +156,15 @@ class CostModel:
             "t_draft": self.t_draft,
             "t_target_1": self.t_target_1,
             "c": self.c,
-            "t_verify": dict(sorted(self._verify.items())),
+            "t_verify": dict(sorted(self._fwd.seconds.items())),
         }
+
+
+class _ForwardTimes:
+    """A target's forward timings: per n the EMA of seconds and the decayed measurement weight, and the
+    fitted line (cached until the next measurement)."""
+
+    def __init__(self):
+        self.seconds: dict[int, float] = {}  # n tokens in the target forward -> seconds (EMA)
+        self.weight: dict[int, float] = {}  # n -> measurements seen, decayed by `forgetting` per measurement
+        self.fitted: tuple[float, float] | None = None  # (a, b)

@@ -1,0 +1,123 @@
+"""`LookupFirst`: prompt lookup where the context repeats itself, another drafter everywhere else.
+
+An n-gram lookup and a model-like drafter (a draft model, a feature head, a draft with another
+tokenizer) are good at different text. Where the answer copies (code edits, quoted names, a list that
+repeats its pattern) a long suffix match predicts many tokens for free; elsewhere the lookup has
+nothing or only a 1-token match, while the model drafts at a price. SAM-Decoding (Hu et al. 2024)
+combines a retrieval draft with an auxiliary drafter the same way: use the retrieval when its match is
+long, the drafter otherwise.
+
+Per step: if the committed context ends in an n-gram of at least `min_match` tokens that occurred
+before, the proposal is the lookup's continuation (one-hot q, no draft forward); else the wrapped
+drafter proposes. Both are exact, and a step's verification only sees the draft it got, so the mix is
+exact too. The wrapped drafter is told every accepted length (accept) either way and catches up on the
+tokens it skipped in its next proposal, as after any step (every built-in drafter does: a draft model
+and a head run their catch-up forward over whatever was committed since).
+
+The wrapped drafter's capabilities pass through: its draft model (the engine switches that model's
+attention), the target features a head reads, its compatibility check, its per-row copies for batches.
+Trees: the lookup's branches where it matches, the drafter's tree elsewhere (a drafter without trees
+proposes its chain, a tree of one branch).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from .base import (CheckedDrafter, Draft, DraftContext, DraftSetup, Drafter, FeatureDrafter, ModelBackedDrafter,
+                   RowDrafter, TreeDrafter)
+from .model import ModelDrafter
+from .ngram import PromptLookup
+
+
+class LookupFirst:
+    """drafter: any Drafter (not a PromptLookup: that is the lookup already), or a draft model with the
+    target's vocabulary (drafted with a ModelDrafter). min_match: the shortest suffix n-gram whose
+    earlier occurrence is trusted (1 matches almost every token of a long answer, and a 1-token match
+    predicts poorly). lookup: the PromptLookup to use (default: n-grams of min_match to 4 tokens)."""
+
+    def __init__(self, drafter: Drafter, min_match: int = 2, lookup: PromptLookup | None = None):
+        if isinstance(drafter, PreTrainedModel):
+            drafter = ModelDrafter(drafter)
+        if not isinstance(drafter, Drafter) or isinstance(drafter, (PromptLookup, LookupFirst)):
+            raise ValueError(f"LookupFirst wraps a drafter other than a lookup (a draft model's ModelDrafter, a "
+                             f"FeatureHead, a CrossTokenizerDrafter, ...), got {type(drafter).__name__}")
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise ValueError(f"min_match must be an int >= 1 (tokens of the context's suffix), got {min_match!r}")
+        lookup = lookup if lookup is not None else PromptLookup(min_n=min_match, max_n=max(4, min_match))
+        if min_match > lookup.max_n:
+            raise ValueError(f"min_match={min_match} is longer than the lookup's longest n-gram ({lookup.max_n}): "
+                             "it would never match")
+        self.drafter, self.lookup, self.min_match = drafter, lookup, min_match
+        self.deterministic = False
+        self.lookup_steps = self.drafter_steps = 0  # which of the two proposed, counted per propose call
+
+    # -- what the wrapped drafter brings ---------------------------------------------------------
+    @property
+    def model(self):
+        """The wrapped drafter's draft model (ModelBackedDrafter), None if it runs none."""
+        return self.drafter.model if isinstance(self.drafter, ModelBackedDrafter) else None
+
+    @property
+    def feature_layers(self) -> tuple:
+        """The target layers the wrapped drafter reads (FeatureDrafter), () if it reads none."""
+        return tuple(self.drafter.feature_layers) if isinstance(self.drafter, FeatureDrafter) else ()
+
+    def attach(self, features) -> None:
+        if isinstance(self.drafter, FeatureDrafter):
+            self.drafter.attach(features)
+
+    def check_compatible(self, target) -> None:
+        if isinstance(self.drafter, CheckedDrafter):
+            self.drafter.check_compatible(target)
+
+    def for_row(self) -> "LookupFirst | None":
+        row = self.drafter.for_row() if isinstance(self.drafter, RowDrafter) else None
+        return None if row is None else LookupFirst(row, self.min_match, self.lookup.for_row())
+
+    # -- the Drafter protocol --------------------------------------------------------------------
+    def begin(self, setup: DraftSetup) -> None:
+        self.lookup.begin(setup)
+        self.drafter.begin(setup)
+
+    def source(self, tokens: torch.Tensor) -> str:
+        """"lookup" when the context [T] int64 ends in an n-gram of at least min_match tokens that occurred
+        before, else "drafter" (SwitchingDrafter: the engine plans each source's steps on its own)."""
+        n, _ = self.lookup.index_of(tokens).match()
+        return "lookup" if n >= self.min_match else "drafter"
+
+    def _lookup_matches(self, ctx: DraftContext) -> bool:
+        return self.source(ctx.tokens) == "lookup"
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft:
+        if budget > 0 and self._lookup_matches(ctx):
+            self.lookup_steps += 1
+            self.deterministic = True
+            return self.lookup.propose(ctx, budget)
+        self.drafter_steps += 1
+        draft = self.drafter.propose(ctx, budget)
+        self.deterministic = draft.q_probs is None
+        return draft
+
+    def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
+        if budget > 0 and self._lookup_matches(ctx):
+            self.lookup_steps += 1
+            self.deterministic = True
+            return self.lookup.propose_tree(ctx, spec, budget)
+        self.drafter_steps += 1
+        if isinstance(self.drafter, TreeDrafter):
+            draft = self.drafter.propose_tree(ctx, spec, budget)
+        else:  # a chain is a tree of one branch (the engine cuts what runs deeper than the spec)
+            draft = self.drafter.propose(ctx, budget)
+        self.deterministic = draft.q_probs is None
+        return draft
+
+    def accept(self, num_context_tokens: int) -> None:
+        self.lookup.accept(num_context_tokens)
+        self.drafter.accept(num_context_tokens)
+
+    def end(self) -> None:
+        try:
+            self.drafter.end()
+        finally:
+            self.lookup.end()

@@ -1,0 +1,237 @@
+"""LookupFirst: prompt lookup where the context repeats itself, another drafter elsewhere. Exact output
+(greedy and sampled), which source proposes when, the per-source plans of the adaptive policy, what
+the wrapped drafter brings through, and its refusals."""
+import itertools
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import Draft, DraftContext, DraftSetup, FeatureHead, ModelDrafter, PromptLookup
+from specdec.drafters.lookup_first import LookupFirst
+from specdec.policy import AdaptivePolicy
+from specdec.verifiers.sampling import SamplingParams
+
+from conftest import VOCAB, build, hf_greedy, tiny_vocab_model
+
+
+class Scripted:
+    """A drafter that proposes [90, 91, ...] and records what it is asked and told."""
+
+    deterministic = True
+
+    def __init__(self):
+        self.proposed, self.accepted = [], []
+
+    def begin(self, setup):
+        pass
+
+    def propose(self, ctx, budget):
+        self.proposed.append(ctx.tokens.tolist())
+        return Draft.from_lists([90 + i for i in range(budget)], None, ctx.tokens.device)
+
+    def accept(self, n):
+        self.accepted.append(n)
+
+    def end(self):
+        pass
+
+
+def _ctx(tokens):
+    return DraftContext(tokens=torch.tensor(tokens), sampling=SamplingParams())
+
+
+def test_the_lookup_proposes_where_the_context_repeats_and_the_drafter_elsewhere():
+    inner = Scripted()
+    drafter = LookupFirst(inner, min_match=2)
+    drafter.begin(DraftSetup(table=None, prompt=torch.tensor([5, 6, 7, 8, 9])))
+    # "8 9" never occurred before (only "9" alone would match nothing either): the drafter proposes
+    assert drafter.source(torch.tensor([5, 6, 7, 8, 9])) == "drafter"
+    assert drafter.propose(_ctx([5, 6, 7, 8, 9]), 3).host.tokens == [90, 91, 92]
+    drafter.accept(7)
+    # the context now ends in "5 6", seen before: the lookup copies what followed it; the drafter is not asked
+    assert drafter.source(torch.tensor([5, 6, 7, 8, 9, 5, 6])) == "lookup"
+    assert drafter.propose(_ctx([5, 6, 7, 8, 9, 5, 6]), 3).host.tokens == [7, 8, 9]
+    assert len(inner.proposed) == 1
+    drafter.accept(9)
+    # a 1-token match ("6") is below min_match 2: the drafter again; with min_match 1 the lookup
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7, 6]
+    assert drafter.propose(_ctx(ctx), 2).host.tokens == [90, 91]
+    assert inner.accepted == [7, 9]  # told every accepted length, also after the lookup's steps
+    loose = LookupFirst(Scripted(), min_match=1)
+    loose.begin(DraftSetup(table=None, prompt=torch.tensor(ctx)))
+    assert loose.propose(_ctx(ctx), 2).host.tokens == [7, 6]
+
+
+@pytest.mark.parametrize("inner", ["model", "head"])
+def test_greedy_output_equals_the_targets_own(inner):
+    """Chains at a fixed k and adaptive, dynamic trees: the target's own greedy output, with both sources
+    proposing in the same generations (a repetitive prompt makes the lookup match)."""
+    target = build("llama", seed=0, layers=3, scale=2.0)
+    if inner == "model":
+        wrapped = ModelDrafter(build("llama", seed=0, layers=1, scale=2.0))
+    else:
+        from test_feature_head import random_head
+
+        wrapped = random_head(target)
+    drafter = LookupFirst(wrapped)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        base = torch.randint(3, VOCAB, (1, 6), generator=g)
+        ids = torch.cat([base, base, base[:, :3]], 1)  # repeats: the lookup has matches from the start
+        ref = hf_greedy(target, ids, 30, eos_token_id=None)
+        for kw in [dict(draft_length=3), dict(draft_length="adaptive"),
+                   dict(tree=specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2))]:
+            spec = specdec.wrap(target, drafter=drafter, **kw)
+            out = spec.generate(ids, max_new_tokens=30, eos_token_id=None, do_sample=False)
+            assert torch.equal(out, ref), kw
+            assert spec.engine.pool.num_used == 0
+    assert drafter.lookup_steps > 0 and drafter.drafter_steps > 0
+
+
+def test_each_source_plans_its_own_length():
+    """for_source: a cheap, well-accepted lookup plans long drafts while a dearer, poorly accepted model
+    plans short ones; both price the target's forwards from one set of timings, and the parent's tracker
+    (what stats report) sees every step."""
+    policy = AdaptivePolicy(max_length=8)
+    lookup, model = policy.for_source("lookup"), policy.for_source("drafter")
+    assert policy.for_source("lookup") is lookup and lookup is not model
+    for _ in range(30):
+        lookup.observe(6, 6, 0.0001, 0.012)
+        model.observe(2, 0, 0.004, 0.011)
+        model.observe(1, 0, 0.002, 0.0105)
+        lookup.observe(0, 0, 0.0, 0.010)
+    assert lookup.next_length() >= 6
+    assert model.next_length() <= 1
+    assert lookup.costs.t_verify(3) == model.costs.t_verify(3) == policy.costs.t_verify(3)
+    assert lookup.costs.t_draft < model.costs.t_draft
+    assert policy.tracker.steps == lookup.tracker.steps + model.tracker.steps
+    # one plan over the same mix of steps plans the model's short drafts for the lookup too
+    mixed = AdaptivePolicy(max_length=8)
+    for _ in range(30):
+        mixed.observe(6, 6, 0.0001, 0.012)
+        mixed.observe(2, 0, 0.004, 0.011)
+        mixed.observe(1, 0, 0.002, 0.0105)
+        mixed.observe(0, 0, 0.0, 0.010)
+    assert mixed.next_length() < lookup.next_length()
+
+
+def test_the_engine_plans_each_source_with_its_own_policy():
+    target = build("llama", seed=0, layers=3, scale=2.0)
+    drafter = LookupFirst(ModelDrafter(build("llama", seed=0, layers=1, scale=2.0)))
+    spec = specdec.wrap(target, drafter=drafter)
+    base = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
+    out = spec.generate(torch.cat([base, base], 1), max_new_tokens=30, eos_token_id=None, do_sample=False,
+                        return_dict_in_generate=True)
+    plans = spec.engine.policy._sources
+    assert set(plans) == {"lookup", "drafter"}
+    # every step was planned by one of them; the stats report the parent's tracker, which saw them all
+    assert plans["lookup"].tracker.steps > 0 and plans["drafter"].tracker.steps > 0
+    assert out.stats.tracker["steps"] == plans["lookup"].tracker.steps + plans["drafter"].tracker.steps
+    # a constant k has no per-source plans: both sources draft k
+    fixed = specdec.wrap(target, drafter=drafter, draft_length=2)
+    fixed.generate(torch.cat([base, base], 1), max_new_tokens=10, eos_token_id=None, do_sample=False)
+
+
+V = 4
+
+
+class ClaimsUniformQ(LookupFirst):
+    """The control: the lookup's proposals claim a uniform q instead of their one-hot q."""
+
+    def propose(self, ctx, budget):
+        draft = super().propose(ctx, budget)
+        if draft.q_probs is None and len(draft):
+            draft.q_probs = torch.full((len(draft), V), 1.0 / V)
+        return draft
+
+
+def _joint(model):
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper)
+
+    warp = LogitsProcessorList([TemperatureLogitsWarper(0.9), TopKLogitsWarper(3)])
+    prompt, out = torch.tensor([[0, 1, 0]]), {}
+    for seq in itertools.product(range(V), repeat=3):
+        ids = torch.cat([prompt, torch.tensor([seq])], 1)
+        with torch.no_grad():
+            logits = model(ids).logits[0, 2:-1]
+        prob = 1.0
+        for i, tok in enumerate(seq):
+            prob *= torch.softmax(warp(ids[:, :3 + i], logits[i:i + 1].clone()), -1)[0, tok].item()
+        out[seq] = prob
+    return out
+
+
+@pytest.mark.parametrize("lossy", [False, True], ids=["exact", "lookup claims a uniform q (control)"])
+def test_sampling_follows_the_target(lossy):
+    from scipy.stats import chisquare
+
+    target, draft = tiny_vocab_model(V, seed=0, scale=4.0), tiny_vocab_model(V, seed=7, scale=4.0)
+    drafter = (ClaimsUniformQ if lossy else LookupFirst)(ModelDrafter(draft), min_match=1)
+    spec = specdec.wrap(target, drafter=drafter, draft_length=2)
+    exact = _joint(target)
+    n = 800 if lossy else 3000
+    counts = {}
+    torch.manual_seed(77)
+    for _ in range(n):
+        seq = spec.generate(torch.tensor([[0, 1, 0]]), max_new_tokens=3, do_sample=True, temperature=0.9, top_k=3)
+        key = tuple(seq[0, 3:].tolist())
+        counts[key] = counts.get(key, 0) + 1
+    keys = [k for k, p in exact.items() if p > 0]
+    obs = [counts.get(k, 0) for k in keys]
+    assert sum(obs) == n, "a token outside the target's support was emitted"
+    exp = [exact[k] for k in keys]
+    p = chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue
+    assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
+    if lossy:
+        assert p < 1e-6
+    else:
+        assert p > 1e-3
+
+
+def test_what_the_wrapped_drafter_brings_passes_through():
+    target = build("llama", seed=0, layers=3)
+    model = build("llama", seed=1, layers=1)
+    assert LookupFirst(ModelDrafter(model)).model is model
+    from test_feature_head import random_head
+
+    head = random_head(target, fusion=True)
+    wrapped = LookupFirst(head)
+    assert wrapped.feature_layers == head.feature_layers and wrapped.model is None
+    row = wrapped.for_row()
+    assert isinstance(row, LookupFirst) and row.drafter is not head and row.lookup is not wrapped.lookup
+    other = build("llama", seed=1, layers=1)
+    other.resize_token_embeddings(VOCAB + 5)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        specdec.generate(target, torch.tensor([[3, 4, 5]]), drafter=LookupFirst(ModelDrafter(other)), max_new_tokens=4)
+
+
+def test_a_batch_keeps_every_rows_greedy_output():
+    from test_batches import left_padded
+    from test_engine_greedy import prompts
+
+    target = build("llama", seed=0, layers=3, scale=2.0)
+    drafter = LookupFirst(ModelDrafter(build("llama", seed=0, layers=1, scale=2.0)))
+    rows = [torch.cat([r, r], 1) for r in prompts(3, seed=5, length=(3, 8))]
+    ids, mask = left_padded(rows)
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=drafter, draft_length=3, max_new_tokens=16,
+                           eos_token_id=None)
+    for i, r in enumerate(rows):
+        want = hf_greedy(target, r, 16, eos_token_id=None)[0, r.shape[1]:]
+        assert torch.equal(out[i, ids.shape[1]:], want), i
+
+
+@pytest.mark.parametrize("bad,match", [(lambda: PromptLookup(), "other than a lookup"),
+                                       (lambda: "ngram", "other than a lookup"),
+                                       (lambda: LookupFirst(Scripted()), "other than a lookup")])
+def test_refuses_a_lookup_to_wrap(bad, match):
+    with pytest.raises(ValueError, match=match):
+        LookupFirst(bad())
+
+
+@pytest.mark.parametrize("kw", [dict(min_match=0), dict(min_match=2.0), dict(min_match=True),
+                                dict(min_match=4, lookup=PromptLookup(max_n=3))])
+def test_refuses_a_min_match_the_lookup_cannot_find(kw):
+    with pytest.raises(ValueError, match="min_match"):
+        LookupFirst(Scripted(), **kw)
