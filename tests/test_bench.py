@@ -81,10 +81,10 @@ def test_bench_without_a_draft_model_runs_ngram_at_each_k_early_exit_and_the_dec
 
 
 def test_select_draft_ranks_drafters_that_are_not_models(tmp_path):
-    main(["select-draft", "--drafts", "ngram", "early-exit:3", "--num-prompts", "1", "--max-k", "2",
-          "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])
+    main(["select-draft", "--drafts", "ngram", "early-exit:3", "ngram+target-head", "--num-prompts", "1", "--max-k",
+          "2", "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])
     report = json.loads((tmp_path / "report.json").read_text())
-    assert sorted(report["ranking"]) == ["early-exit:3", "ngram"] and not report["skipped"]
+    assert sorted(report["ranking"]) == ["early-exit:3", "ngram", "ngram+target-head"] and not report["skipped"]
 
 
 def test_load_prompts_reads_files_in_order_or_in_turn(tmp_path):

@@ -141,7 +141,7 @@ def cmd_select(a) -> None:
     if not a.drafts and zoo.draft_for(a.target):
         names = names + [zoo.draft_for(a.target)]
     if not a.drafts and zoo.head_for(a.target):
-        names = names + [zoo.head_for(a.target)]
+        names = names + [zoo.head_for(a.target), "ngram+" + zoo.head_for(a.target)]
     drafts = {n: _drafter_arg(n, tok, a.draft_dtype, target) for n in names}
     temps = [float(t) for t in a.temperatures.split(",")]
     report = select_draft(target, drafts, load_prompts(tok, a.prompts, a.num_prompts), temps, a.max_k,
