@@ -89,3 +89,13 @@ def test_a_lookup_in_front_of_a_lookup_is_one_clear_error():
                        capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "after 'ngram+' name a model" in r.stderr
+
+
+def test_auto_puts_lookup_in_front_of_a_shipped_head_in_demo_and_chat():
+    from specdec.cli.models import _default_drafter
+
+    assert _default_drafter("target", "demo") == "draft-wide"
+    for cmd in ("demo", "chat"):
+        assert _default_drafter("smollm2-135m-instruct", cmd) == "ngram+smollm2-135m-instruct-head"
+    assert _default_drafter("smollm2-135m-instruct", "bench") == "ngram"  # HF runs bench's --drafter too
+    assert _default_drafter("gemma3-270m", "demo") == "ngram"  # no head ships for it

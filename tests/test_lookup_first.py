@@ -133,6 +133,24 @@ def test_the_engine_plans_each_source_with_its_own_policy():
     fixed.generate(torch.cat([base, base], 1), max_new_tokens=10, eos_token_id=None, do_sample=False)
 
 
+def test_chat_turns_keep_the_heads_entries_and_leak_no_pages():
+    """keep_cache (chat): the second turn prefills only what follows the kept prefix; the lookup re-reads
+    the conversation and the head keeps its entries; the output is the target's own greedy one."""
+    from test_feature_head import random_head
+
+    target = build("llama", seed=0, layers=3, scale=2.0)
+    drafter = LookupFirst(random_head(target))
+    spec = specdec.wrap(target, drafter=drafter, keep_cache=True)
+    base = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(6))
+    first = spec.generate(torch.cat([base, base], 1), max_new_tokens=12, eos_token_id=None, do_sample=False)
+    more = torch.cat([first, base[:, :3]], 1)
+    second = spec.generate(more, max_new_tokens=12, eos_token_id=None, do_sample=False)
+    assert torch.equal(second, hf_greedy(target, more, 12, eos_token_id=None))
+    assert drafter.lookup_steps > 0
+    spec.engine.release_cache()
+    assert spec.engine.pool.num_used == 0
+
+
 V = 4
 
 

@@ -35,8 +35,8 @@ def _add_sampling_args(parser) -> None:
 DEMO_PROMPT_INDEX, DEMO_NEW_TOKENS = 23, 64
 DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER', a shipped head or 'head:DIR', or "
                 "'ngram+' before any of these (prompt lookup where the text repeats, that drafter elsewhere); "
-                "default 'auto': draft-wide for the zoo target, "
-               "ngram for any other (a real model has no same-tokenizer draft yet)")
+                "default 'auto': draft-wide for the zoo target, ngram+HEAD in demo and chat for a target with a "
+                "shipped head (SmolLM2), ngram otherwise")
 
 
 def main(argv=None) -> None:
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
     add_train_draft_parser(sub)
     a = ap.parse_args(argv)
     if getattr(a, "drafter", None) == "auto":
-        a.drafter = _default_drafter(a.target)
+        a.drafter = _default_drafter(a.target, a.cmd)
     try:
         {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo,
          "train-head": cmd_train_head, "head-card": cmd_head_card, "train-draft": cmd_train_draft}[a.cmd](a)

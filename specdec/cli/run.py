@@ -12,7 +12,9 @@ from .models import _drafter_arg, _load, _sampling_kwargs
 
 def cmd_demo(a) -> None:
     import torch
-    from transformers import TextStreamer
+    from transformers import PreTrainedModel, TextStreamer
+
+    from ..drafters import CrossTokenizerDrafter, LookupFirst, ModelDrafter
 
     import specdec
 
@@ -47,7 +49,9 @@ def cmd_demo(a) -> None:
     spec_tps = statistics.median(o.stats.tokens_per_s for o in spec_runs)
     same = torch.equal(spec_runs[0].sequences, base)
     mean_k = sum(s.draft_lengths) / max(1, len(s.draft_lengths))
-    name = a.drafter if a.drafter == "ngram" else f"{a.drafter} ({a.draft_dtype})"
+    inner = drafter.drafter if isinstance(drafter, LookupFirst) else drafter  # the dtype names a draft model's
+    runs_draft_model = isinstance(inner, (PreTrainedModel, ModelDrafter, CrossTokenizerDrafter))
+    name = f"{a.drafter} ({a.draft_dtype})" if runs_draft_model else a.drafter
     print("\n" + "-" * 72)
     print(f"target {a.target}  drafter {name}  draft_length {a.draft_length}  "
           f"{'sampling' if a.do_sample else 'greedy'}  ({a.repeats} runs each, alternating; medians)")
