@@ -5,7 +5,8 @@ tokens: left padding is dropped before this point, specdec/rows.py), positions f
 acceptance tracker and logits pipeline, and its own drafter instance (RowDrafter.for_row: shared
 weights, per-row state), or its place in a drafter that drafts every row in one forward per draft step
 (BatchDrafter.for_batch: a draft model's, a feature head's or a draft of another tokenizer's chains
-and trees, one forward per draft position or depth). A feature head reads each row's own FeatureLog,
+and trees, one forward per draft position or depth; LookupFirst's rows without an n-gram match go to
+the wrapped drafter's). A feature head reads each row's own FeatureLog,
 which the packed forwards fill as the single-sequence engine's do.
 
 A step: every live row drafts a chain (the length the BatchPlanner chose for it) or a tree (the

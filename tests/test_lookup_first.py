@@ -240,6 +240,35 @@ def test_a_batch_keeps_every_rows_greedy_output():
         assert torch.equal(out[i, ids.shape[1]:], want), i
 
 
+@pytest.mark.parametrize("kw", [dict(draft_length=3), dict(tree=specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2))],
+                         ids=["chains", "trees"])
+def test_a_batch_drafts_the_rows_without_a_match_together(monkeypatch, kw):
+    """The zoo's head behind the lookup over 4 left-padded prompts: every row keeps its own greedy
+    output, both sources propose, and the head drafts the rows the lookup leaves in shared forwards."""
+    import specdec.drafters.head_rows as head_rows
+    from specdec.drafters.lookup_first import LookupFirstRows
+
+    target, tok = specdec.zoo.load("target")
+    tok.padding_side = "left"
+    texts = specdec.zoo.prompts(4)
+    enc = tok(texts, return_tensors="pt", padding=True)
+    drafter = LookupFirst(FeatureHead.from_pretrained(specdec.zoo.path("target-head"), target))
+    assert isinstance(drafter.for_batch(None), LookupFirstRows)
+    rows_per_call = []  # how many rows the head was asked to draft at once
+    for name in ("propose", "propose_trees"):
+        method = getattr(head_rows.HeadRows, name)
+        monkeypatch.setattr(head_rows.HeadRows, name,
+                            lambda self, requests, method=method: rows_per_call.append(len(requests)) or method(self, requests))
+    out = specdec.generate(target, enc.input_ids, attention_mask=enc.attention_mask, drafter=drafter,
+                           max_new_tokens=32, eos_token_id=None, **kw)
+    for i, text in enumerate(texts):
+        ids = tok(text, return_tensors="pt").input_ids
+        want = target.generate(ids, max_new_tokens=32, do_sample=False, eos_token_id=None)[0, ids.shape[1]:]
+        assert torch.equal(out[i, enc.input_ids.shape[1]:], want), i
+    assert drafter.lookup_steps > 0 and drafter.drafter_steps > 0
+    assert max(rows_per_call) > 1 and sum(rows_per_call) == drafter.drafter_steps
+
+
 @pytest.mark.parametrize("bad,match", [(lambda: PromptLookup(), "other than a lookup"),
                                        (lambda: "ngram", "other than a lookup"),
                                        (lambda: LookupFirst(Scripted()), "other than a lookup")])

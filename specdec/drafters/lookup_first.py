@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .base import (CheckedDrafter, Draft, DraftContext, DraftSetup, Drafter, FeatureDrafter, ModelBackedDrafter,
-                   RowDrafter, TreeDrafter)
+from .base import (BatchDrafter, CheckedDrafter, Draft, DraftContext, DraftRows, DraftSetup, Drafter, FeatureDrafter,
+                   FeatureRows, ModelBackedDrafter, RowDrafter, TreeDrafter)
 from .model import ModelDrafter
 from .ngram import PromptLookup
 
@@ -70,6 +70,12 @@ class LookupFirst:
     def check_compatible(self, target) -> None:
         if isinstance(self.drafter, CheckedDrafter):
             self.drafter.check_compatible(target)
+
+    def for_batch(self, pool) -> "LookupFirstRows | None":
+        """A batch's drafting (specdec/batch.py): each row's lookup first, the wrapped drafter's DraftRows
+        for the other rows together (one forward per draft step); None when the drafter has none."""
+        inner = self.drafter.for_batch(pool) if isinstance(self.drafter, BatchDrafter) else None
+        return None if inner is None else LookupFirstRows(self, inner)
 
     def for_row(self) -> "LookupFirst | None":
         row = self.drafter.for_row() if isinstance(self.drafter, RowDrafter) else None
@@ -121,3 +127,66 @@ class LookupFirst:
             self.drafter.end()
         finally:
             self.lookup.end()
+
+
+class LookupFirstRows:
+    """DraftRows for LookupFirst over a batch: a PromptLookup per row; the rows whose context has no
+    match of min_match tokens go to the wrapped drafter's DraftRows together, which are told every row's
+    accepted length and catch up on what a row skipped. Also FeatureRows when those are."""
+
+    def __init__(self, first: LookupFirst, inner: DraftRows):
+        self.first, self.inner = first, inner
+        self.feature_layers = first.feature_layers
+        self.lookups: list[PromptLookup] = []
+
+    def attach(self, features: list) -> None:
+        if isinstance(self.inner, FeatureRows):
+            self.inner.attach(features)
+
+    def begin(self, setups: list[DraftSetup]) -> None:
+        self.lookups = [self.first.lookup.for_row() for _ in setups]
+        for lookup, setup in zip(self.lookups, setups):
+            lookup.begin(setup)
+        self.inner.begin(setups)
+
+    def _split(self, requests: list, budget_at: int) -> tuple[list[int], list[int]]:
+        """Indices of the requests the lookup serves and of those the wrapped drafter serves."""
+        mine, theirs = [], []
+        for j, request in enumerate(requests):
+            row, ctx, budget = request[0], request[1], request[budget_at]
+            n, _ = self.lookups[row].index_of(ctx.tokens).match()
+            (mine if budget > 0 and n >= self.first.min_match else theirs).append(j)
+        return mine, theirs
+
+    def _merge(self, requests, mine, theirs, own, inner) -> list[Draft]:
+        out: list = [None] * len(requests)
+        for j in mine:
+            out[j] = own(requests[j])
+        if theirs:
+            for j, draft in zip(theirs, inner([requests[j] for j in theirs])):
+                out[j] = draft
+        self.first.lookup_steps += len(mine)
+        self.first.drafter_steps += len(theirs)
+        return out
+
+    def propose(self, requests: list) -> list[Draft]:
+        """requests: [(row, DraftContext, budget)] -> one chain Draft each, in order."""
+        mine, theirs = self._split(requests, 2)
+        return self._merge(requests, mine, theirs, lambda r: self.lookups[r[0]].propose(r[1], r[2]),
+                           self.inner.propose)
+
+    def propose_trees(self, requests: list) -> list[Draft]:
+        """requests: [(row, DraftContext, TreeSpec, budget)] -> one tree Draft each, in order."""
+        mine, theirs = self._split(requests, 3)
+        return self._merge(requests, mine, theirs, lambda r: self.lookups[r[0]].propose_tree(r[1], r[2], r[3]),
+                           self.inner.propose_trees)
+
+    def accept(self, row: int, num_context_tokens: int) -> None:
+        self.lookups[row].accept(num_context_tokens)
+        self.inner.accept(row, num_context_tokens)
+
+    def end(self) -> None:
+        try:
+            self.inner.end()
+        finally:
+            self.lookups = []
