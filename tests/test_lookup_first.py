@@ -1,7 +1,6 @@
 """LookupFirst: prompt lookup where the context repeats itself, another drafter elsewhere. Exact output
 (greedy and sampled), which source proposes when, the per-source plans of the adaptive policy, what
 the wrapped drafter brings through, and its refusals."""
-import itertools
 
 import pytest
 import torch
@@ -164,43 +163,16 @@ class ClaimsUniformQ(LookupFirst):
         return draft
 
 
-def _joint(model):
-    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper)
-
-    warp = LogitsProcessorList([TemperatureLogitsWarper(0.9), TopKLogitsWarper(3)])
-    prompt, out = torch.tensor([[0, 1, 0]]), {}
-    for seq in itertools.product(range(V), repeat=3):
-        ids = torch.cat([prompt, torch.tensor([seq])], 1)
-        with torch.no_grad():
-            logits = model(ids).logits[0, 2:-1]
-        prob = 1.0
-        for i, tok in enumerate(seq):
-            prob *= torch.softmax(warp(ids[:, :3 + i], logits[i:i + 1].clone()), -1)[0, tok].item()
-        out[seq] = prob
-    return out
-
-
 @pytest.mark.parametrize("lossy", [False, True], ids=["exact", "lookup claims a uniform q (control)"])
 def test_sampling_follows_the_target(lossy):
-    from scipy.stats import chisquare
+    """min_match 1 on a 4-token vocabulary: the lookup and the draft model take turns within generations;
+    the joint distribution of the new tokens fits the target's (test_engine_sampling's harness)."""
+    from test_engine_sampling import empirical, exact_joint, gof
 
     target, draft = tiny_vocab_model(V, seed=0, scale=4.0), tiny_vocab_model(V, seed=7, scale=4.0)
     drafter = (ClaimsUniformQ if lossy else LookupFirst)(ModelDrafter(draft), min_match=1)
-    spec = specdec.wrap(target, drafter=drafter, draft_length=2)
-    exact = _joint(target)
     n = 800 if lossy else 3000
-    counts = {}
-    torch.manual_seed(77)
-    for _ in range(n):
-        seq = spec.generate(torch.tensor([[0, 1, 0]]), max_new_tokens=3, do_sample=True, temperature=0.9, top_k=3)
-        key = tuple(seq[0, 3:].tolist())
-        counts[key] = counts.get(key, 0) + 1
-    keys = [k for k, p in exact.items() if p > 0]
-    obs = [counts.get(k, 0) for k in keys]
-    assert sum(obs) == n, "a token outside the target's support was emitted"
-    exp = [exact[k] for k in keys]
-    p = chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue
+    p = gof(exact_joint(target), empirical(specdec.wrap(target, drafter=drafter, draft_length=2), n), n)
     assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
     if lossy:
         assert p < 1e-6
