@@ -89,7 +89,11 @@ class LookupFirst:
     def source(self, tokens: torch.Tensor) -> str:
         """"lookup" when the context [T] int64 ends in an n-gram of at least min_match tokens that occurred
         before, else "drafter" (SwitchingDrafter: the engine plans each source's steps on its own)."""
-        n, _ = self.lookup.index_of(tokens).match()
+        return self.source_with(self.lookup, tokens)
+
+    def source_with(self, lookup: PromptLookup, tokens: torch.Tensor) -> str:
+        """source() for the context [T] int64 of the sequence `lookup` indexes (a batch row's own)."""
+        n, _ = lookup.index_of(tokens).match()
         return "lookup" if n >= self.min_match else "drafter"
 
     def _lookup_matches(self, ctx: DraftContext) -> bool:
@@ -154,8 +158,8 @@ class LookupFirstRows:
         mine, theirs = [], []
         for j, request in enumerate(requests):
             row, ctx, budget = request[0], request[1], request[budget_at]
-            n, _ = self.lookups[row].index_of(ctx.tokens).match()
-            (mine if budget > 0 and n >= self.first.min_match else theirs).append(j)
+            lookup_serves = budget > 0 and self.first.source_with(self.lookups[row], ctx.tokens) == "lookup"
+            (mine if lookup_serves else theirs).append(j)
         return mine, theirs
 
     def _merge(self, requests, mine, theirs, own, inner) -> list[Draft]:
