@@ -13,6 +13,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
     ("streaming.py", ["--max-new-tokens", "16"]),
     ("sampling.py", ["--max-new-tokens", "12"]),
     ("select_draft.py", ["--max-new-tokens", "8", "--max-k", "2"]),
+    ("lookup_first.py", ["--max-new-tokens", "24"]),
 ])
 def test_example_runs(script, args, tmp_path):
     extra = ["--out", str(tmp_path)] if script == "select_draft.py" else []
