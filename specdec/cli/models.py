@@ -58,14 +58,12 @@ def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):
     if spec == "ngram":
         return "ngram"
     if spec.startswith("ngram+"):
-        from transformers import PreTrainedModel
-
-        from ..drafters import LookupFirst, ModelDrafter
+        from ..drafters import LookupFirst
 
         inner = _drafter_arg(spec[len("ngram+"):], tok, dtype, target)
         if inner == "ngram" or isinstance(inner, LookupFirst):
             raise SystemExit(f"specdec: drafter {spec!r}: after 'ngram+' name a model, a head or early-exit:LAYER")
-        return LookupFirst(ModelDrafter(inner) if isinstance(inner, PreTrainedModel) else inner)
+        return LookupFirst(inner)  # a draft model is drafted with a ModelDrafter
     if spec in zoo.heads() or spec.startswith("head:"):
         from ..drafters import FeatureHead
 

@@ -14,8 +14,8 @@ from .base import (BatchDrafter, CheckedDrafter, Draft, DraftContext, Drafter, D
 from .cross_tokenizer import CrossTokenizerDrafter
 from .early_exit import EarlyExit
 from .feature_head import FeatureHead
-from .model import ModelDrafter
 from .lookup_first import LookupFirst
+from .model import ModelDrafter
 from .ngram import NgramIndex, PromptLookup
 
 __all__ = ["Draft", "DraftContext", "Drafter", "ModelDrafter", "PromptLookup", "NgramIndex", "EarlyExit", "FeatureHead", "FeatureDrafter",
