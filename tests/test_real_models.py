@@ -157,6 +157,21 @@ def test_smollm2_drafts_for_gemma3_across_tokenizers(smollm2, gemma3, mode):
     assert out.stats.accepted_tokens > 0, out.stats.summary()
 
 
+def test_smollm2_drafts_for_gemma3_across_tokenizers_behind_prompt_lookup(smollm2, gemma3):
+    """LookupFirst in front of a draft of another tokenizer (text mode), adaptive: Gemma 3's own greedy
+    output on a prompt that repeats, with both sources proposing."""
+    from specdec.drafters import CrossTokenizerDrafter, LookupFirst
+
+    draft, draft_tok = smollm2
+    target, tok = gemma3
+    ids = torch.cat([_prompt(target, tok)] * 2, 1)  # the text repeats: the lookup has matches
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    drafter = LookupFirst(CrossTokenizerDrafter(draft, draft_tok, tok, mode="text"))
+    out = specdec.generate(target, ids, drafter=drafter, max_new_tokens=NEW, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref), tok.decode(out.sequences[0, ids.shape[1]:])
+    assert drafter.lookup_steps > 0 and drafter.drafter_steps > 0, (drafter.lookup_steps, drafter.drafter_steps)
+
+
 def test_lean_runner_is_proven_bit_identical_on_smollm2(smollm2):
     from specdec.hf import lean
 
@@ -225,16 +240,19 @@ def test_materialising_is_exact_and_an_interrupted_one_leaves_nothing_behind(smo
 
 
 @pytest.mark.parametrize("kw", [dict(draft_length=3), dict(), dict(tree=specdec.TreeSpec.dynamic(nodes=16, depth=5,
-                                                                                              topk=4), draft_length=16)],
-                         ids=["k=3", "adaptive", "dynamic tree"])
+                                                                                              topk=4), draft_length=16),
+                                dict(lookup_first=True)],
+                         ids=["k=3", "adaptive", "dynamic tree", "behind prompt lookup, adaptive"])
 def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw):
-    from specdec.drafters import FeatureHead
+    from specdec.drafters import FeatureHead, LookupFirst
 
     name = specdec.zoo.head_for("smollm2-135m-instruct")
     if name is None:
         pytest.skip("no shipped head for smollm2-135m-instruct yet")
     model, tok = smollm2
     head = FeatureHead.from_pretrained(specdec.zoo.path(name), model)
+    if kw.pop("lookup_first", False):
+        head = LookupFirst(head)
     ids = _prompt(model, tok)
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
     out = specdec.generate(model, ids, drafter=head, max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True,
