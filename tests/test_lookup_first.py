@@ -62,13 +62,17 @@ def test_the_lookup_proposes_where_the_context_repeats_and_the_drafter_elsewhere
     assert loose.propose(_ctx(ctx), 2).host.tokens == [7, 6]
 
 
-@pytest.mark.parametrize("inner", ["model", "head"])
+@pytest.mark.parametrize("inner", ["model", "head", "early exit"])
 def test_greedy_output_equals_the_targets_own(inner):
     """Chains at a fixed k and adaptive, dynamic trees: the target's own greedy output, with both sources
     proposing in the same generations (a repetitive prompt makes the lookup match)."""
     target = build("llama", seed=0, layers=3, scale=2.0)
     if inner == "model":
         wrapped = ModelDrafter(build("llama", seed=0, layers=1, scale=2.0))
+    elif inner == "early exit":  # its KV shared with the target's pages: a lookup step verifies every layer
+        from specdec.drafters import EarlyExit
+
+        wrapped = EarlyExit(target, exit_layer=2)
     else:
         from test_feature_head import random_head
 
