@@ -142,14 +142,21 @@ class LossyQ(CrossTokenizerDrafter):
         return draft
 
 
-@pytest.mark.parametrize("cls, lossless", [(CrossTokenizerDrafter, True), (LossyQ, False)])
-def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
+@pytest.mark.parametrize("cls, lossless, behind_lookup", [(CrossTokenizerDrafter, True, False), (LossyQ, False, False),
+                                                           (CrossTokenizerDrafter, True, True)],
+                         ids=["exact", "lossy control", "exact behind prompt lookup"])
+def test_sampling_through_the_intersection_follows_the_target(cls, lossless, behind_lookup):
     """Target over 'abcd', draft over 'dcbae' (other ids, one token the target lacks): the exact joint
-    distribution of 4 sampled tokens is reproduced; the lossy control is caught."""
+    distribution of 4 sampled tokens is reproduced; the lossy control is caught. Behind prompt lookup
+    (drafters.LookupFirst, 1-token matches) the draft and the lookup take turns, still exact."""
+    from specdec.drafters import LookupFirst
+
     target = tiny_vocab_model(4, seed=0, scale=4.0)
     exact = exact_joint(target)
     drafter = cls(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"), char_tokenizer("abcd"),
                   mode="intersection", min_shared=1)
+    if behind_lookup:
+        drafter = LookupFirst(drafter, min_match=1)
     model = specdec.wrap(target, drafter=drafter, draft_length=2)
     counts = {}
     torch.manual_seed(1234)
@@ -159,6 +166,8 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless):
         counts[key] = counts.get(key, 0) + 1
     p = gof(exact, counts, SAMPLES)
     assert p > 1e-3 if lossless else p < 1e-6
+    if behind_lookup:
+        assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
 
 
 @pytest.mark.parametrize("tree, lossy", [(None, False), (None, True), (TreeSpec.static([2, 1]), False)],
