@@ -141,6 +141,15 @@ def test_a_saved_head_continues_on_a_new_machine(tmp_path, zoo_target):
     assert sorted(losses(moved.work)) == [5, 6]  # steps 1-4 were the first machine's
     cfg = json.loads((moved.out / "head_config.json").read_text())
     assert cfg["trained"]["steps"] == 6
+    # train_tokens counts this run's data; what the first head had seen is kept beside it, and the card says so
+    first_trained = json.loads((first.out / "head_config.json").read_text())["trained"]
+    assert cfg["trained"]["continued_from"] == {"head": first.out.name, "steps": 4,
+                                                "train_tokens": first_trained["train_tokens"]}
+    from specdec.training.head_card import to_markdown
+
+    text = to_markdown({"head": "h", "trained": cfg["trained"], "draft_vocab": 0, "feature_layers": [2], "params": 1,
+                        "measured_on": "-", "modes": {}, "sample": ""})
+    assert f"its first 4 steps were a head trained on {first_trained['train_tokens']} tokens" in text
     a = FeatureHead.from_pretrained(first.out, target).net
     b = FeatureHead.from_pretrained(moved.out, target).net
     assert torch.equal(a.vocab_ids, b.vocab_ids) and not torch.equal(a.fc.weight, b.fc.weight)

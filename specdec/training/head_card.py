@@ -82,7 +82,11 @@ def to_markdown(card: dict) -> str:
              f"{card['feature_layers']}, draft vocabulary {card['draft_vocab'] or 'full'}.", "",
              f"Trained {t.get('steps')} steps{' (partial run)' if t.get('partial') else ''} on "
              f"{t.get('train_tokens', '?')} tokens of the target's own answers and standard-library text, "
-             f"{t.get('train_seconds', '?')} s of training; held-out acceptance by position (trainer): "
+             f"{t.get('train_seconds', '?')} s of training"
+             + (f" (its first {t['continued_from']['steps']} steps were a head trained on "
+                f"{t['continued_from']['train_tokens']} tokens of earlier data, continued with --resume-from)"
+                if t.get("continued_from") else "")
+             + "; held-out acceptance by position (trainer): "
              f"{held.get('accept')}, tau {held.get('tau')}.", "",
              f"Measured: {card['measured_on']}.", "", "| mode | tau | acceptance by position | c |", "|---|---|---|---|"]
     for name, r in card["modes"].items():
