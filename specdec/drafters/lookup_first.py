@@ -96,11 +96,12 @@ class LookupFirst:
         n, _ = lookup.index_of(tokens).match()
         return "lookup" if n >= self.min_match else "drafter"
 
-    def _lookup_matches(self, ctx: DraftContext) -> bool:
-        return self.source(ctx.tokens) == "lookup"
+    def lookup_serves(self, lookup: PromptLookup, tokens: torch.Tensor, budget: int) -> bool:
+        """Whether `lookup` proposes the step for the context [T] int64: a budget to fill and a match."""
+        return budget > 0 and self.source_with(lookup, tokens) == "lookup"
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
-        if budget > 0 and self._lookup_matches(ctx):
+        if self.lookup_serves(self.lookup, ctx.tokens, budget):
             self.lookup_steps += 1
             self.deterministic = True
             return self.lookup.propose(ctx, budget)
@@ -110,7 +111,7 @@ class LookupFirst:
         return draft
 
     def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
-        if budget > 0 and self._lookup_matches(ctx):
+        if self.lookup_serves(self.lookup, ctx.tokens, budget):
             self.lookup_steps += 1
             self.deterministic = True
             return self.lookup.propose_tree(ctx, spec, budget)
@@ -158,8 +159,7 @@ class LookupFirstRows:
         mine, theirs = [], []
         for j, request in enumerate(requests):
             row, ctx, budget = request[0], request[1], request[budget_at]
-            lookup_serves = budget > 0 and self.first.source_with(self.lookups[row], ctx.tokens) == "lookup"
-            (mine if lookup_serves else theirs).append(j)
+            (mine if self.first.lookup_serves(self.lookups[row], ctx.tokens, budget) else theirs).append(j)
         return mine, theirs
 
     def _merge(self, requests, mine, theirs, own, inner) -> list[Draft]:
