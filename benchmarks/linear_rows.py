@@ -1,13 +1,15 @@
-"""Does multiplying short blocks weight-first (specdec/hf/linear.py) pay, and up to how many rows?
+"""What a block of n tokens costs the target's forward, by how its linears multiply: do multiplying short
+blocks weight-first (specdec/hf/linear.py) and weights packed for oneDNN (specdec/hf/packed.py) pay?
 
     python benchmarks/linear_rows.py --target smollm2-135m-instruct
 
 Times one forward of the target's lean loop (hf/lean.py, the path specdec's engine runs) over a block
-of n new tokens after a 128-token cached context, with short blocks multiplied weight-first (W @ xᵀ)
-and with `F.linear` as HF's modules do, both settings and all block sizes alternating round by round,
-medians; plus HF's own modules on the same block (`model(...)` with its KV cache) for reference. The
-ratio column is what the speculative engine's cost model sees: a block of n tokens against one token.
-The weight-first column is forced on whatever this machine's rule chose (the header says what it chose).
+of n new tokens after a 128-token cached context, three ways: short blocks multiplied weight-first
+(W @ xᵀ), blocks past hf/packed.py's row count through packed weights, and `F.linear` throughout as
+HF's modules do; all settings and block sizes alternating round by round, medians; plus HF's own
+modules on the same block (`model(...)` with its KV cache) for reference. The ratio column is what the
+speculative engine's cost model sees: a block of n tokens against one token. The weight-first and
+packed columns are forced on whatever this machine's rules chose (the header says what they chose).
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ import torch
 
 import specdec
 from specdec.cache.pool import BlockTable, PagePool
-from specdec.hf import linear
+from specdec.hf import linear, packed
 from specdec.hf.attention import specdec_attention
 from specdec.hf.lean import LeanRunner
 
@@ -30,23 +32,27 @@ ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12
 ap.add_argument("--context", type=int, default=128)
 ap.add_argument("--rounds", type=int, default=9)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
 ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "linear_rows"))
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-model, tok = specdec.zoo.load(a.target)
+model, tok = specdec.zoo.load(a.target, dtype=getattr(torch, a.dtype))
 dtype = next(model.parameters()).dtype
 vocab = model.config.get_text_config().vocab_size
 g = torch.Generator().manual_seed(0)
 context = torch.randint(0, vocab, (a.context,), generator=g)
 if LeanRunner.for_model(model, PagePool(1, 16), None, exact=True) is None:
     sys.exit(f"{a.target}: the lean loop does not certify itself for this model")
-# one lean runner per setting, each over its own pages holding the same context
-runners = {short: LeanRunner(model, pool, BlockTable(pool), short_blocks=short)
-           for short, pool in ((True, PagePool(64, 16)), (False, PagePool(64, 16)))}
+# one lean runner per setting (short blocks weight-first, packed weights), each over its own pages
+# holding the same context
+SETTINGS = {"lean, short blocks weight-first": (True, False), "lean, packed weights": (False, True),
+            "lean, F.linear": (False, False)}
+runners = {s: LeanRunner(model, pool, BlockTable(pool), short_blocks=s[0], packed=s[1])
+           for s, pool in ((s, PagePool(64, 16)) for s in SETTINGS.values())}
 
 
-def lean(n: int, short: bool) -> float:
-    runner = runners[short]
+def lean(n: int, setting: tuple) -> float:
+    runner = runners[setting]
     block = torch.randint(0, vocab, (n,), generator=g)
     with specdec_attention(model):  # HF's own modules run outside it
         t0 = time.perf_counter()
@@ -64,8 +70,8 @@ def hf(n: int) -> float:
     return time.perf_counter() - t0
 
 
-modes = {"lean, short blocks weight-first": lambda n: lean(n, True), "lean, F.linear": lambda n: lean(n, False),
-         "HF modules": hf}
+modes = {name: (lambda n, s=s: lean(n, s)) for name, s in SETTINGS.items()}
+modes["HF modules"] = hf
 times = {(m, n): [] for m in modes for n in a.sizes}
 with torch.no_grad():
     with specdec_attention(model):
@@ -82,11 +88,11 @@ with torch.no_grad():
 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
 one = {m: med[(m, a.sizes[0])] for m in modes}
 hf1 = one["HF modules"]
-lines = ["# Short blocks weight-first: the target's forward cost by block size", "",
+lines = ["# The target's forward cost by block size and how its linears multiply", "",
          f"`python benchmarks/linear_rows.py {' '.join(sys.argv[1:])}`", "",
          f"{a.target} ({str(dtype).removeprefix('torch.')}), {a.threads} threads, {a.context}-token cached context, "
          f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first column up to "
-         f"{linear.SHORT_BLOCK_ROWS} rows. Machine: {linear.machine()}. "
+         f"{linear.SHORT_BLOCK_ROWS} rows, packed column {packed.describe().removeprefix('packed weights: ')}. Machine: {linear.machine()}. "
          f"'vs HF 1' divides by HF's own one-token forward ({hf1:.1f} ms).", "",
          "| block (tokens) | " + " | ".join(f"{m} ms | vs its 1 | vs HF 1" for m in modes) + " |",
          "|---|" + "---|---|---|" * len(modes)]
@@ -97,6 +103,7 @@ Path(a.out).parent.mkdir(parents=True, exist_ok=True)
 Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
                                              "max_rows": linear.SHORT_BLOCK_ROWS,
+                                             "packed_from_rows": {str(d): n for d, n in packed.FROM_ROWS.items()},
                                              "machine": linear.machine(),
                                              "ms": {f"{m}|{n}": v for (m, n), v in med.items()}}, indent=1))
 print("\n".join(lines))

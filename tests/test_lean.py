@@ -16,7 +16,7 @@ from conftest import VOCAB, build, hf_greedy
 def _hf_order_lean(model, pool, table):
     """The lean loop with every linear through F.linear, as HF's modules multiply (the probe's setting):
     the one the bit-for-bit tests hold to HF's numbers."""
-    return LeanRunner(model, pool, table, short_blocks=False)
+    return LeanRunner(model, pool, table, short_blocks=False, packed=False)
 
 
 def _logits(cls, model, tokens, chunks):

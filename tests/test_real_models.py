@@ -79,19 +79,22 @@ def test_every_drafter_reproduces_the_models_own_greedy_output(model_name, reque
             assert out.stats.drafted_tokens > 0 and out.stats.acceptance_rate >= 0.9, label
 
 
-@pytest.mark.parametrize("weight_first", [0, 6], ids=["F.linear", "weight-first"])
-def test_smollm2_greedy_output_holds_with_short_blocks_either_way(smollm2, monkeypatch, weight_first):
-    """Both settings of the machine rule (hf/linear.py), whichever this machine takes: plain decoding, a
-    self draft (blocks of 1 and 4 rows) and the n-gram lookup give SmolLM2's own greedy output."""
-    from specdec.hf import linear
+@pytest.mark.parametrize("weight_first,packed", [(0, False), (6, False), (0, True)],
+                         ids=["F.linear", "weight-first", "packed"])
+def test_smollm2_greedy_output_holds_however_the_linears_multiply(smollm2, monkeypatch, weight_first, packed):
+    """Every setting of the machine rules (hf/linear.py, hf/packed.py), whichever this machine takes:
+    plain decoding, a self draft (blocks of 1 and 4 rows) and the n-gram lookup give SmolLM2's own greedy
+    output."""
+    from specdec.hf import linear, packed as packed_path
 
     monkeypatch.setattr(linear, "WEIGHT_FIRST_MAX_ROWS", weight_first)
+    monkeypatch.setattr(packed_path, "PACKED", packed and torch.backends.mkldnn.is_available())
     model, tok = smollm2
     ids = _prompt(model, tok)
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
     for label in ("plain", "self k=3", "ngram adaptive"):
         out = specdec.generate(model, ids, max_new_tokens=NEW, **DRAFTERS[label](model))
-        assert torch.equal(out, ref), (label, weight_first)
+        assert torch.equal(out, ref), (label, weight_first, packed)
 
 
 def test_a_padded_smollm2_batch_gives_every_row_its_own_greedy_output(smollm2):

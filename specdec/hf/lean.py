@@ -10,9 +10,12 @@ the gathered pages, masked by the same StepMeta mask the HF path gets. The Trito
 through the HF modules as usual, on the same pages, same layout.
 
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
-the HF path's, with one deliberate exception: on a CPU whose BLAS handles short blocks badly (MKL on a
-CPU not Intel's), float32 blocks of up to 6 rows multiply their linears weight-first (hf/linear.py: the
-same sums in another order, last-bit differences, up to 2x cheaper there). `LeanRunner.for_model`
+the HF path's, with two deliberate exceptions in how a linear multiplies, both fixed per machine: on a
+CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), float32 blocks of up to 6 rows
+multiply weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
+cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
+through weights packed once for oneDNN (hf/packed.py: float32 differs in the last bits, bfloat16 gives
+the same numbers; a 4-8 token verification costs about one token's forward). `LeanRunner.for_model`
 checks the rest on a probe sequence, once per model, dtype and device, and returns None (the caller
 keeps the HF path) for any model it does not reproduce: an unsupported architecture or config option,
 a hook. With exact=True (the target: its logits decide the output) the
@@ -35,8 +38,9 @@ import torch.nn.functional as F
 from ..cache.pool import BlockTable, PagePool
 from ..quantize import Int8Linear
 from .cache import StepMeta
-from . import linear
+from . import linear, packed as packed_path
 from .linear import weight_first_rows
+from .packed import PackedLinear, can_pack
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -46,28 +50,33 @@ _verdicts: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDiction
 
 
 class _Lin:
-    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references, no copies.
-    short_blocks: multiply short float32 blocks weight-first (hf/linear.py); False: F.linear throughout."""
+    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references to the module's
+    weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short float32
+    blocks weight-first (hf/linear.py); packed: blocks past hf/packed.py's row count through the weight
+    packed for oneDNN. Both False: F.linear throughout, as HF's modules do."""
 
-    def __init__(self, m: nn.Module, short_blocks: bool):
-        self.multiply = weight_first_rows if short_blocks else F.linear
+    def __init__(self, m: nn.Module, short_blocks: bool, packed: bool):
+        multiply = weight_first_rows if short_blocks else F.linear
         if isinstance(m, Int8Linear):
-            self.weight, self.bias, self.int8 = None, None, m
-        elif type(m) is nn.Linear:
-            self.weight, self.bias, self.int8 = m.weight, m.bias, None
-        else:
+            self.forward = m.forward_2d
+        elif type(m) is not nn.Linear:
             raise TypeError(f"unsupported linear {type(m).__name__}")
+        elif packed and can_pack(m.weight):
+            self.forward = PackedLinear(m, multiply)
+        else:
+            self.forward = lambda x: multiply(x, m.weight, m.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.int8.forward_2d(x) if self.int8 is not None else self.multiply(x, self.weight, self.bias)
+        return self.forward(x)
 
 
 class _Layer:
-    def __init__(self, layer, short_blocks: bool):
+    def __init__(self, layer, short_blocks: bool, packed: bool):
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (_Lin(m, short_blocks) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                            attn.o_proj))
-        self.gate, self.up, self.down = (_Lin(m, short_blocks) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.q, self.k, self.v, self.o = (_Lin(m, short_blocks, packed)
+                                          for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.gate, self.up, self.down = (_Lin(m, short_blocks, packed)
+                                         for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
         self.ln1, self.ln2 = layer.input_layernorm, layer.post_attention_layernorm
         self.scaling = attn.scaling
@@ -90,20 +99,23 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class LeanRunner(ModelRunner):
     """short_blocks: None (default) multiplies short blocks weight-first where this machine's rule says so
-    (hf/linear.py); True always; False multiplies every block with F.linear, as HF's modules do (the
-    probe's setting)."""
+    (hf/linear.py); True always; False never. packed: None (default) multiplies through packed weights
+    where this machine's rule says so (hf/packed.py); True wherever torch can; False never. Both False:
+    every block through F.linear, as HF's modules do (the probe's setting)."""
 
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
-                 short_blocks: bool | None = None):
+                 short_blocks: bool | None = None, packed: bool | None = None):
         super().__init__(model, pool, table, kernel)
         if short_blocks is None:
             short_blocks = linear.WEIGHT_FIRST_MAX_ROWS > 0
+        if packed is None:
+            packed = packed_path.PACKED
         cfg = model.config.get_text_config()
         inner = model.model
         self.embed = inner.embed_tokens
-        self.layers = [_Layer(layer, short_blocks) for layer in inner.layers]
+        self.layers = [_Layer(layer, short_blocks, packed) for layer in inner.layers]
         self.final_norm = inner.norm
-        self.head = _Lin(model.lm_head, short_blocks)
+        self.head = _Lin(model.lm_head, short_blocks, packed)
         self.hq, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rot = inner.rotary_emb
@@ -227,7 +239,7 @@ def _probe(model) -> str:
     vocab = model.config.get_text_config().vocab_size
     probe = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(0)).to(device)
     outs = []
-    for make in (ModelRunner, lambda *a: LeanRunner(*a, short_blocks=False)):
+    for make in (ModelRunner, lambda *a: LeanRunner(*a, short_blocks=False, packed=False)):
         pool = PagePool(4, 8)
         table = BlockTable(pool, device)
         runner = make(model, pool, table)

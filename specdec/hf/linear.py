@@ -31,37 +31,21 @@ number of rows, x.numel() / in.
 from __future__ import annotations
 
 import os
-import platform
 
 import torch
 import torch.nn.functional as F
 
+from . import packed
+from .cpu import cpu_name, cpu_vendor
+
 SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
 
 
-def _cpuinfo(field: str) -> str:
-    """A field of /proc/cpuinfo's first processor ('' where there is none, as off Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.split(":", 1)[0].strip() == field:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...; '' when it cannot be read)."""
-    proc = _cpuinfo("vendor_id") or platform.processor()  # Windows: 'AMD64 Family 25 ..., AuthenticAMD'
-    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), proc if " " not in proc else "")
-
-
 def machine() -> str:
-    """One line for benchmark headers: the CPU, its vendor, the BLAS and what the rule chose."""
+    """One line for benchmark headers: the CPU, its vendor, the BLAS and what the two rules chose."""
     blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
-    return (f"{_cpuinfo('model name') or platform.processor() or 'unknown CPU'} ({cpu_vendor() or 'vendor unknown'}, "
-            f"{blas}): short blocks weight-first up to {WEIGHT_FIRST_MAX_ROWS} rows")
+    return (f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {blas}): short blocks weight-first up to "
+            f"{WEIGHT_FIRST_MAX_ROWS} rows; {packed.describe()}")
 
 
 def short_block_rows(vendor: str, blas_is_mkl: bool, override: str | None = None) -> int:

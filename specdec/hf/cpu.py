@@ -1,0 +1,27 @@
+"""What CPU this is: the machine rules for multiplying linears (hf/linear.py, hf/packed.py) are fixed per
+vendor, since each was measured on one."""
+from __future__ import annotations
+
+import platform
+
+
+def cpuinfo(field: str) -> str:
+    """A field of /proc/cpuinfo's first processor ('' where there is none, as off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == field:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...; '' when it cannot be read)."""
+    proc = cpuinfo("vendor_id") or platform.processor()  # Windows: 'AMD64 Family 25 ..., AuthenticAMD'
+    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in proc), proc if " " not in proc else "")
+
+
+def cpu_name() -> str:
+    return cpuinfo("model name") or platform.processor() or "unknown CPU"

@@ -1,0 +1,103 @@
+"""Linears through oneDNN with each weight packed once: on an Intel CPU, verifying a block of 4 to 8
+tokens costs about what one token does, and a bfloat16 model's every forward gets cheaper.
+
+Measured on an Intel Xeon (Sapphire Rapids, 2 threads; benchmarks/results/linear_rows*.md):
+- float32: `F.linear` multiplies with MKL, which streams the weights at full bandwidth for 1 to 3 rows
+  and reads them again for every further block of 3 rows: a Qwen2.5-Coder-1.5B forward over 4 tokens
+  cost 1.9x one token, over 8 tokens 2.7x (SmolLM2-135M: 1.5x, 1.8x). oneDNN's matmul over a weight
+  reordered once into its blocked layout reads it once for any short block: Qwen's 4 tokens then cost
+  1.1x one, 8 tokens 1.4x (SmolLM2: 1.3x, 1.55x). For 1 to 3 rows oneDNN is ~7% slower than MKL, so
+  those stay on `F.linear`: packed from `FROM_ROWS[float32]` rows.
+- bfloat16: `F.linear` already runs oneDNN, but reorders the weight on every call; packed once, the
+  same kernel gives the same numbers (bit for bit, measured) in ~0.6x the time, for every row count.
+
+The cost is memory: a packed copy of every weight that takes this path, beside the model's own (which
+HF's modules keep using), so the target's linear weights are held twice. `SPECDEC_PACKED_WEIGHTS=0`
+turns the path off, `=1` forces it on for any CPU where torch has oneDNN. The rule is fixed per
+machine: on for Intel CPUs (measured), off elsewhere (an AMD CPU's short float32 blocks go weight-first,
+hf/linear.py; packing is not measured there).
+
+Each weight is packed once: a cache keyed by the nn.Linear, checked against the weight's storage, shape
+and version counter, so a runner per generation repacks nothing and a weight changed in place (or
+replaced) is packed again. float32 results differ from `F.linear`'s in the last bits (the same sums in
+another order), the same kind of difference as between HF's one-token and k-token forwards: the lean
+loop's probe (hf/lean.py) certifies its operation order with this path off, and the target's greedy
+output is checked against HF's own by the tests.
+
+Shapes: x [n, in] (the weight's dtype), weight [out, in], bias [out] or None -> [n, out].
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .cpu import cpu_vendor
+
+# the fewest rows a block needs to take the packed path, by weight dtype (other dtypes: never)
+FROM_ROWS = {torch.float32: 4, torch.bfloat16: 1}
+
+
+def packed_rule(vendor: str, onednn: bool, override: str | None = None) -> bool:
+    """Does this machine multiply through packed weights? override: SPECDEC_PACKED_WEIGHTS's value
+    ('1' on, '0' off, None or '' the rule)."""
+    if override not in (None, "", "0", "1"):
+        raise ValueError(f"SPECDEC_PACKED_WEIGHTS must be 0 or 1, got {override!r}")
+    if not onednn:
+        return False
+    if override:
+        return override == "1"
+    return vendor == "GenuineIntel"
+
+
+PACKED = packed_rule(cpu_vendor(), torch.backends.mkldnn.is_available(), os.environ.get("SPECDEC_PACKED_WEIGHTS"))
+
+
+def describe() -> str:
+    """For benchmark headers."""
+    if not PACKED:
+        return "packed weights off"
+    return "packed weights: " + ", ".join(f"{str(d).removeprefix('torch.')} from {n} rows" for d, n in FROM_ROWS.items())
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """Can this weight take the packed path (float32 or bfloat16, 2-D, on a CPU, torch built with oneDNN)?"""
+    return (weight.device.type == "cpu" and weight.dtype in FROM_ROWS and weight.dim() == 2
+            and torch.backends.mkldnn.is_available())
+
+
+# nn.Linear -> (what the weight was when packed, the packed weight)
+_packed: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def packed_weight(linear: nn.Linear) -> torch.Tensor:
+    """linear.weight in oneDNN's blocked layout, packed once and reused while the weight is unchanged."""
+    w = linear.weight
+    if not can_pack(w):
+        raise ValueError(f"only float32 or bfloat16 2-D weights on a CPU with oneDNN are packed, got {w.dtype} "
+                         f"{tuple(w.shape)} on {w.device}")
+    key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
+    hit = _packed.get(linear)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    p = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+    _packed[linear] = (key, p)
+    return p
+
+
+class PackedLinear:
+    """x [n, in] -> [n, out]: blocks of FROM_ROWS[dtype] rows or more through the packed weight, shorter
+    ones through `short` (F.linear, or the weight-first product), called as short(x, weight, bias)."""
+
+    def __init__(self, linear: nn.Linear, short: Callable):
+        self.weight, self.bias, self.short = linear.weight, linear.bias, short
+        self.packed = packed_weight(linear)
+        self.from_rows = FROM_ROWS[linear.weight.dtype]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < self.from_rows:
+            return self.short(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")

@@ -1,0 +1,127 @@
+"""Weights packed once for oneDNN (hf/packed.py): F.linear's numbers to rounding, short blocks left to the
+short path, each weight packed once and again when it changes, the machine rule, and the lean loop's use
+of it (greedy tokens kept)."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from specdec.cache.pool import BlockTable, PagePool
+from specdec.hf import packed
+from specdec.hf.attention import specdec_attention
+from specdec.hf.lean import LeanRunner
+from specdec.hf.packed import FROM_ROWS, PackedLinear, packed_rule, packed_weight
+from specdec.hf.runner import ModelRunner
+from specdec.quantize import int8_draft
+
+from conftest import VOCAB, build
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def _linear(out_f: int, in_f: int, bias: bool, dtype, seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_f, out_f, bias=bias).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_gives_f_linears_numbers_for_every_block_length(dtype, bias):
+    lin = _linear(96, 40, bias, dtype)
+    short_calls = []
+
+    def short(x, w, b):
+        short_calls.append(x.shape[0])
+        return F.linear(x, w, b)
+
+    fast = PackedLinear(lin, short)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for rows in (1, 2, 3, 4, 5, 8, 17):
+        x = torch.randn(rows, 40, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        got = fast(x)
+        assert got.shape == (rows, 96) and got.dtype == dtype
+        assert torch.allclose(got.float(), F.linear(x, lin.weight, lin.bias).float(), atol=tol, rtol=tol), rows
+    # blocks shorter than FROM_ROWS go through the short path, the rest through the packed weight
+    assert short_calls == [r for r in (1, 2, 3, 4, 5, 8, 17) if r < FROM_ROWS[dtype]]
+
+
+def test_packed_linear_reads_strided_rows():
+    lin = _linear(32, 24, True, torch.float32)
+    x = torch.randn(24, 6).t()  # [6, 24], not contiguous
+    assert torch.allclose(PackedLinear(lin, F.linear)(x), F.linear(x, lin.weight, lin.bias), atol=1e-5)
+
+
+def test_a_weight_is_packed_once_and_again_when_it_changes():
+    lin = _linear(48, 16, False, torch.float32)
+    first = packed_weight(lin)
+    assert packed_weight(lin) is first  # a second runner reuses it
+    x = torch.randn(6, 16)
+    with torch.no_grad():
+        lin.weight.mul_(2)  # changed in place: the version counter moves
+    second = packed_weight(lin)
+    assert second is not first
+    assert torch.allclose(PackedLinear(lin, F.linear)(x), F.linear(x, lin.weight), atol=1e-5)
+    lin.weight = nn.Parameter(torch.randn(48, 16))  # replaced
+    assert packed_weight(lin) is not second
+    assert torch.allclose(PackedLinear(lin, F.linear)(x), F.linear(x, lin.weight), atol=1e-5)
+
+
+def test_weights_it_cannot_pack_are_refused_by_name():
+    with pytest.raises(ValueError, match="float16"):
+        packed_weight(_linear(8, 8, False, torch.float16))
+    assert not packed.can_pack(torch.zeros(8, 8, dtype=torch.float16))
+    assert not packed.can_pack(torch.zeros(8))
+    assert packed.can_pack(torch.zeros(8, 8)) and packed.can_pack(torch.zeros(8, 8, dtype=torch.bfloat16))
+
+
+def test_the_rule_packs_on_intel_with_onednn_and_obeys_the_override():
+    assert packed_rule("GenuineIntel", onednn=True)
+    assert not packed_rule("AuthenticAMD", onednn=True)  # not measured there
+    assert not packed_rule("", onednn=True)
+    assert not packed_rule("GenuineIntel", onednn=False)
+    assert packed_rule("AuthenticAMD", True, "1") and not packed_rule("GenuineIntel", True, "0")
+    assert not packed_rule("AuthenticAMD", False, "1")  # nothing to pack with
+    assert packed_rule("GenuineIntel", True, "")
+    with pytest.raises(ValueError, match="SPECDEC_PACKED_WEIGHTS must be 0 or 1"):
+        packed_rule("GenuineIntel", True, "yes")
+
+
+def _forward_rows(runner, model, tokens, chunks):
+    out, at = [], 0
+    with specdec_attention(model):
+        for size in chunks:
+            out.append(runner.forward(tokens[at:at + size], logits_rows=None))
+            at += size
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_lean_loop_through_packed_weights_keeps_the_hf_modules_numbers_and_tokens(arch):
+    """Blocks of 1, 4 and 13 rows (a decode step, a verification, a prefill) through packed weights: the
+    HF modules' logits to rounding and the same greedy tokens; packed=False keeps F.linear everywhere."""
+    model = build(arch, seed=1, scale=3.0)
+    tokens = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(5))
+    chunks = [13, 1, 4, 1, 5]
+    pool = PagePool(8, 8)
+    ref = _forward_rows(ModelRunner(model, pool, BlockTable(pool)), model, tokens, chunks)
+    pool = PagePool(8, 8)
+    runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=True)
+    assert all(isinstance(lin.forward, PackedLinear) for lin in (runner.layers[0].q, runner.layers[-1].down, runner.head))
+    got = _forward_rows(runner, model, tokens, chunks)
+    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4) and torch.equal(got.argmax(-1), ref.argmax(-1))
+    pool = PagePool(8, 8)
+    plain = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=False)
+    assert not any(isinstance(lin.forward, PackedLinear) for lin in (plain.layers[0].q, plain.head))
+
+
+def test_the_lean_loop_follows_the_machine_rule_and_leaves_int8_drafts_alone(monkeypatch):
+    model = build("llama", seed=1)
+    for rule in (False, True):
+        monkeypatch.setattr(packed, "PACKED", rule)
+        pool = PagePool(4, 8)
+        runner = LeanRunner(model, pool, BlockTable(pool))
+        assert isinstance(runner.layers[0].up.forward, PackedLinear) == rule
+    q8 = int8_draft(model)
+    pool = PagePool(4, 8)
+    runner = LeanRunner(q8, pool, BlockTable(pool), packed=True)
+    assert not isinstance(runner.layers[0].up.forward, PackedLinear)
