@@ -7,7 +7,7 @@ from specdec.cli import main
 
 
 def test_demo_reports_speedup_acceptance_and_phases(capsys):
-    main(["demo", "--max-new-tokens", "24", "--repeats", "1", "--no-stream", "--threads", "1"])
+    main(["demo", "--target", "target", "--max-new-tokens", "24", "--repeats", "1", "--no-stream", "--threads", "1"])
     out = capsys.readouterr().out
     for needle in ("target only (HF generate)", "specdec", "speedup x", "acceptance", "tau", "TTFT", "prefill",
                    "TPOT", "decode", "output identical to target-only greedy: yes"):
@@ -15,7 +15,7 @@ def test_demo_reports_speedup_acceptance_and_phases(capsys):
 
 
 def test_demo_with_ngram_drafter_and_sampling(capsys):
-    main(["demo", "--drafter", "ngram", "--max-new-tokens", "16", "--repeats", "1", "--no-stream", "--do-sample",
+    main(["demo", "--target", "target", "--drafter", "ngram", "--max-new-tokens", "16", "--repeats", "1", "--no-stream", "--do-sample",
           "--temperature", "0.8", "--threads", "1"])
     out = capsys.readouterr().out
     assert "sampling" in out and "speedup x" in out
@@ -59,7 +59,7 @@ def test_train_head_then_draft_with_it_from_the_command_line(tmp_path, capsys):
     assert "rerun the same command to resume" in capsys.readouterr().out and not out.exists()
     main(args[:-2])  # resumes at step 2
     assert (out / "head.safetensors").exists() and "head saved" in capsys.readouterr().out
-    main(["demo", "--drafter", f"head:{out}", "--max-new-tokens", "16", "--repeats", "1", "--no-stream",
+    main(["demo", "--target", "target", "--drafter", f"head:{out}", "--max-new-tokens", "16", "--repeats", "1", "--no-stream",
           "--threads", "1"])
     assert "output identical to target-only greedy: yes" in capsys.readouterr().out
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "train-head", "--target", "target", "--out", str(out)],
@@ -78,14 +78,14 @@ def test_python_dash_m_specdec_is_the_command_and_the_policy_types_are_top_level
 def test_the_demo_drafts_with_lookup_in_front_of_a_shipped_head(capsys):
     """'ngram+NAME' puts prompt lookup in front of NAME's drafter (drafters.LookupFirst); the output stays
     the target's own greedy one."""
-    main(["demo", "--drafter", "ngram+target-head", "--max-new-tokens", "24", "--repeats", "1", "--no-stream",
+    main(["demo", "--target", "target", "--drafter", "ngram+target-head", "--max-new-tokens", "24", "--repeats", "1", "--no-stream",
           "--threads", "1"])
     out = capsys.readouterr().out
     assert "output identical to target-only greedy: yes" in out and "acceptance" in out
 
 
 def test_a_lookup_in_front_of_a_lookup_is_one_clear_error():
-    r = subprocess.run([sys.executable, "-m", "specdec.cli", "demo", "--drafter", "ngram+ngram"],
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "demo", "--target", "target", "--drafter", "ngram+ngram"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "after 'ngram+' name a model" in r.stderr
@@ -99,3 +99,16 @@ def test_auto_puts_lookup_in_front_of_a_shipped_head_in_demo_and_chat():
         assert _default_drafter("smollm2-135m-instruct", cmd) == "ngram+smollm2-135m-instruct-head"
     assert _default_drafter("smollm2-135m-instruct", "bench") == "ngram"  # HF runs bench's --drafter too
     assert _default_drafter("gemma3-270m", "demo") == "ngram"  # no head ships for it
+
+
+def test_the_demos_request_is_listed_with_the_benchmark_prompts_so_no_head_trains_on_it():
+    """The head trainer drops prompts sharing a five-word run with benchmarks/prompts/*.jsonl."""
+    import json
+    from pathlib import Path
+
+    from specdec.cli.run import DEMO_REQUEST
+    from specdec.training.prompts import _shingles, benchmark_shingles
+
+    listed = Path(__file__).parents[1] / "benchmarks" / "prompts" / "demo.jsonl"
+    assert json.loads(listed.read_text().splitlines()[0])["prompt"] == DEMO_REQUEST
+    assert _shingles(DEMO_REQUEST) <= benchmark_shingles()

@@ -288,3 +288,17 @@ def test_smollm2_plain_draft_is_exact_in_specdec_and_hf_assisted_and_drafts_well
     hf = model.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, max_new_tokens=NEW,
                         do_sample=False)
     assert torch.equal(hf, ref)
+
+
+def test_the_demo_by_default_runs_smollm2_with_lookup_in_front_of_its_head(smollm2, capsys):
+    """`specdec demo` with no arguments: SmolLM2-135M-Instruct, drafted for by prompt lookup in front of
+    its shipped head, answering the held-out request in its chat template; the output is its own greedy
+    output."""
+    from specdec.cli import main
+    from specdec.cli.run import DEMO_REQUEST
+
+    main(["demo", "--max-new-tokens", "24", "--repeats", "1", "--no-stream", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "in the chat template, held-out" in out and DEMO_REQUEST in out
+    assert "target smollm2-135m-instruct  drafter ngram+smollm2-135m-instruct-head" in out
+    assert "output identical to target-only greedy: yes" in out

@@ -9,6 +9,10 @@ from pathlib import Path
 from ..files import write_text
 from .models import _drafter_arg, _load, _sampling_kwargs
 
+# the demo's request to a real chat model (also in benchmarks/prompts/demo.jsonl, so the head trainer's
+# prompt filter keeps it out of training; no five-word run of it is in the shipped head's prompts)
+DEMO_REQUEST = "My bicycle chain keeps slipping when I pedal hard. What could be wrong and how do I fix it?"
+
 
 def cmd_demo(a) -> None:
     import torch
@@ -19,20 +23,30 @@ def cmd_demo(a) -> None:
     import specdec
 
     from .. import zoo
+    from . import DEMO_NEW_TOKENS, DEMO_REAL_NEW_TOKENS
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
     drafter = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
-    prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index]
-    ids = tok(prompt, return_tensors="pt").input_ids
+    zoo_target = a.target == "target"
+    new_tokens = a.max_new_tokens if a.max_new_tokens is not None else (DEMO_NEW_TOKENS if zoo_target else
+                                                                         DEMO_REAL_NEW_TOKENS)
+    prompt = a.prompt if a.prompt is not None else zoo.prompts()[a.prompt_index] if zoo_target else DEMO_REQUEST
+    request = bool(getattr(tok, "chat_template", None))  # a chat model answers requests in its template
+    if request:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+    else:
+        ids = tok(prompt, return_tensors="pt").input_ids
     draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
     model = specdec.wrap(target, drafter=drafter, draft_length=draft_length)
-    kw = dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a))
+    kw = dict(max_new_tokens=new_tokens, **_sampling_kwargs(a))
     # warm up both paths (first calls pay one-off costs), then alternate target-only and specdec
     target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
     model.generate(ids, max_new_tokens=4)
     base_times, spec_runs = [], []
-    print(f"prompt ({ids.shape[1]} tokens, held-out):\n{prompt}", end="")
+    print(f"prompt ({ids.shape[1]} tokens{' in the chat template' if request else ''}"
+          f"{', held-out' if a.prompt is None else ''}):\n{prompt}", end="\n\n" if request else "")
     for r in range(a.repeats):
         torch.manual_seed(a.seed)
         t0 = time.perf_counter()
