@@ -95,8 +95,8 @@ def test_an_interrupt_inside_the_drafters_begin_keeps_the_session(zoo_pair, monk
 
 def test_piped_stdin_multi_turn_with_reset():
     lines = ["def area(r):", "    return", "/reset", "import os"]
-    r = subprocess.run([sys.executable, "-m", "specdec.cli", "chat", "--drafter", "draft-tiny", "--max-new-tokens",
-                        "10", "--threads", "1"], input="\n".join(lines + ["/stats", "/quit"]) + "\n",
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "chat", "--target", "target", "--drafter", "draft-tiny",
+                        "--max-new-tokens", "10", "--threads", "1"], input="\n".join(lines + ["/stats", "/quit"]) + "\n",
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     for answer in _expected_answers(lines, 10):
@@ -134,8 +134,8 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session():
         # what a shell gives it
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.execvp(sys.executable, [sys.executable, "-m", "specdec.cli", "chat", "--drafter", "draft-tiny",
-                                   "--max-new-tokens", "400", "--threads", "1", "--no-status"])
+        os.execvp(sys.executable, [sys.executable, "-m", "specdec.cli", "chat", "--target", "target", "--drafter",
+                                   "draft-tiny", "--max-new-tokens", "400", "--threads", "1", "--no-status"])
     try:
         assert b"> " in _read_until(fd, b"> ")
         for line in (b"def main():\n", b"class Parser:\n", b"import os\n"):

@@ -302,3 +302,22 @@ def test_the_demo_by_default_runs_smollm2_with_lookup_in_front_of_its_head(smoll
     assert "in the chat template, held-out" in out and DEMO_REQUEST in out
     assert "target smollm2-135m-instruct  drafter ngram+smollm2-135m-instruct-head" in out
     assert "output identical to target-only greedy: yes" in out
+
+
+def test_specdec_chat_by_default_answers_as_smollm2_itself(smollm2):
+    """`specdec chat` with no arguments: SmolLM2-135M-Instruct with lookup in front of its head; the first
+    answer is the model's own greedy answer to the request in its chat template."""
+    import subprocess
+    import sys
+
+    model, tok = smollm2
+    ask = "Name two things a bicycle needs to work."
+    ids = tok.apply_chat_template([{"role": "user", "content": ask}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    want = tok.decode(ref[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    r = subprocess.run([sys.executable, "-m", "specdec.cli", "chat", "--max-new-tokens", "12", "--threads", "1"],
+                       input=ask + "\n/quit\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert want and want in r.stdout
+    assert "tok/s" in r.stdout  # the status line after the answer
