@@ -8,13 +8,13 @@ import torch.nn.functional as F
 
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.hf import packed
-from specdec.hf.attention import specdec_attention
 from specdec.hf.lean import LeanRunner
 from specdec.hf.packed import FROM_ROWS, PackedLinear, packed_rule, packed_weight
 from specdec.hf.runner import ModelRunner
 from specdec.quantize import int8_draft
 
 from conftest import VOCAB, build
+from test_lean import _logits
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -86,15 +86,6 @@ def test_the_rule_packs_on_intel_with_onednn_and_obeys_the_override():
         packed_rule("GenuineIntel", True, "yes")
 
 
-def _forward_rows(runner, model, tokens, chunks):
-    out, at = [], 0
-    with specdec_attention(model):
-        for size in chunks:
-            out.append(runner.forward(tokens[at:at + size], logits_rows=None))
-            at += size
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_the_lean_loop_through_packed_weights_keeps_the_hf_modules_numbers_and_tokens(arch):
     """Blocks of 1, 4 and 13 rows (a decode step, a verification, a prefill) through packed weights: the
@@ -102,16 +93,14 @@ def test_the_lean_loop_through_packed_weights_keeps_the_hf_modules_numbers_and_t
     model = build(arch, seed=1, scale=3.0)
     tokens = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(5))
     chunks = [13, 1, 4, 1, 5]
-    pool = PagePool(8, 8)
-    ref = _forward_rows(ModelRunner(model, pool, BlockTable(pool)), model, tokens, chunks)
-    pool = PagePool(8, 8)
-    runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=True)
-    assert all(isinstance(lin.forward, PackedLinear) for lin in (runner.layers[0].q, runner.layers[-1].down, runner.head))
-    got = _forward_rows(runner, model, tokens, chunks)
+    ref = _logits(ModelRunner, model, tokens, chunks)
+    got = _logits(lambda *a: LeanRunner(*a, short_blocks=False, packed=True), model, tokens, chunks)
     assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4) and torch.equal(got.argmax(-1), ref.argmax(-1))
-    pool = PagePool(8, 8)
-    plain = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=False)
-    assert not any(isinstance(lin.forward, PackedLinear) for lin in (plain.layers[0].q, plain.head))
+    for packed_on in (True, False):
+        pool = PagePool(8, 8)
+        runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=packed_on)
+        linears = (runner.layers[0].q, runner.layers[-1].down, runner.head)
+        assert all(isinstance(lin.forward, PackedLinear) == packed_on for lin in linears)
 
 
 def test_the_lean_loop_follows_the_machine_rule_and_leaves_int8_drafts_alone(monkeypatch):
