@@ -1,6 +1,6 @@
 """Weights packed once for oneDNN (hf/packed.py): F.linear's numbers to rounding, short blocks left to the
-short path, each weight packed once and again when it changes, the machine rule, and the lean loop's use
-of it (greedy tokens kept)."""
+short path, each weight packed once and again when it changes, the machine rule, the lean loop's use
+of it (greedy tokens kept), and an int8 draft's long blocks through its weights dequantized and packed."""
 import pytest
 import torch
 import torch.nn as nn
@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.hf import packed
 from specdec.hf.lean import LeanRunner
-from specdec.hf.packed import FROM_ROWS, PackedLinear, packed_rule, packed_weight
+from specdec.hf.packed import (FROM_ROWS, PackedInt8Linear, PackedLinear, packed_dequantized, packed_rule,
+                               packed_weight)
 from specdec.hf.runner import ModelRunner
-from specdec.quantize import int8_draft
+from specdec.quantize import Int8Linear, int8_draft
 
 from conftest import VOCAB, build
 from test_lean import _logits
@@ -103,14 +104,77 @@ def test_the_lean_loop_through_packed_weights_keeps_the_hf_modules_numbers_and_t
         assert all(isinstance(lin.forward, PackedLinear) == packed_on for lin in linears)
 
 
-def test_the_lean_loop_follows_the_machine_rule_and_leaves_int8_drafts_alone(monkeypatch):
+def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
     model = build("llama", seed=1)
     for rule in (False, True):
         monkeypatch.setattr(packed, "PACKED", rule)
         pool = PagePool(4, 8)
         runner = LeanRunner(model, pool, BlockTable(pool))
         assert isinstance(runner.layers[0].up.forward, PackedLinear) == rule
-    q8 = int8_draft(model)
-    pool = PagePool(4, 8)
-    runner = LeanRunner(q8, pool, BlockTable(pool), packed=True)
-    assert not isinstance(runner.layers[0].up.forward, PackedLinear)
+        q8 = int8_draft(model)
+        runner = LeanRunner(q8, pool, BlockTable(pool))
+        assert isinstance(runner.layers[0].up.forward, PackedInt8Linear) == rule
+
+
+def _int8_linear(out_f: int, in_f: int, bias: bool, dtype=torch.bfloat16) -> Int8Linear:
+    return Int8Linear(_linear(out_f, in_f, bias, torch.float32, seed=3), dtype, fused=True)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_int8_linear_multiplies_long_blocks_through_its_dequantized_weight(bias, monkeypatch):
+    """Short blocks: the int8 kernel's own numbers, bit for bit. From FROM_ROWS_INT8 rows: x @ (q * scale).T
+    in bfloat16 (the weight dequantized once), not the int8 kernel (counted)."""
+    lin = _int8_linear(96, 48, bias)
+    kernel_rows = []
+    own = lin.forward_2d
+
+    def counted(x):
+        kernel_rows.append(x.shape[0])
+        return own(x)
+
+    fast = PackedInt8Linear(lin)
+    monkeypatch.setattr(lin, "forward_2d", counted)
+    dequantized = (lin.qweight.float() * lin.scale.float()[:, None]).to(torch.bfloat16).float()
+    for rows in (1, 4, packed.FROM_ROWS_INT8, 9, 17):
+        x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        got = fast(x)
+        assert got.shape == (rows, 96) and got.dtype == torch.bfloat16
+        ref = x.float() @ dequantized.T + (lin.bias.float() if bias else 0)
+        assert torch.allclose(got.float(), ref, atol=3e-2, rtol=2e-2), rows
+        if rows < packed.FROM_ROWS_INT8:
+            assert torch.equal(got, own(x))
+    assert kernel_rows == [r for r in (1, 4, packed.FROM_ROWS_INT8, 9, 17) if r < packed.FROM_ROWS_INT8]
+
+
+def test_an_int8_weight_is_dequantized_once_and_again_when_it_changes():
+    lin = _int8_linear(48, 16, False)
+    first = packed_dequantized(lin)
+    assert packed_dequantized(lin) is first
+    with torch.no_grad():
+        lin.qweight.neg_()  # changed in place
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    assert packed_dequantized(lin) is not first
+    assert torch.allclose(PackedInt8Linear(lin)(x).float(), lin.forward_2d(x).float(), atol=3e-2, rtol=2e-2)
+
+
+def test_int8_linears_computing_in_float16_stay_on_their_kernel():
+    lin = _int8_linear(16, 16, False, dtype=torch.float16)
+    assert not packed.can_pack_int8(lin)
+    with pytest.raises(ValueError, match="float16"):
+        packed_dequantized(lin)
+
+
+def test_an_int8_draft_prefills_through_dequantized_weights_with_the_hf_modules_tokens():
+    """An int8 draft's lean loop (prefill of 13, then 1, 4, 1 and 6 tokens: blocks on both sides of
+    FROM_ROWS_INT8) keeps the logits (to bfloat16 rounding) and greedy tokens of the same draft through
+    HF's modules."""
+    q8 = int8_draft(build("llama", seed=1, scale=3.0))
+    tokens = torch.randint(3, VOCAB, (25,), generator=torch.Generator().manual_seed(5))
+    chunks = [13, 1, 4, 1, 6]
+    ref = _logits(ModelRunner, q8, tokens, chunks)
+    got = _logits(lambda *a: LeanRunner(*a, packed=True), q8, tokens, chunks)
+    tol = 2e-2 * ref.abs().max().item()  # bfloat16 rounding, summed in another order
+    assert torch.allclose(got, ref, atol=tol)
+    top2 = ref.topk(2, dim=-1).values
+    clear = top2[:, 0] - top2[:, 1] > 2 * tol  # rows without a near-tie (bfloat16 may swap those)
+    assert clear.sum() >= 20 and torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])

@@ -13,7 +13,7 @@ from conftest import VOCAB, build, hf_greedy
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8_linear_is_the_dequantized_matmul_and_within_half_a_step_per_weight(fused, bias):
     torch.manual_seed(0)
-    lin = nn.Linear(48, 40, bias=bias)
+    lin = nn.Linear(48, 40, bias=bias)  # in_features 48: the fused kernel's widths are multiples of 16
     q = Int8Linear(lin, torch.bfloat16, fused=fused and hasattr(torch, "_weight_int8pack_mm"))
     w = lin.weight.detach()
     deq = q.qweight.float() * q.scale.float()[:, None]
@@ -26,6 +26,19 @@ def test_int8_linear_is_the_dequantized_matmul_and_within_half_a_step_per_weight
     assert torch.allclose(y.float(), ref, atol=0.05, rtol=0.02)
     full = lin(x)  # and close to the float layer it replaces
     assert (y.float() - full).norm() / full.norm() < 0.02
+
+
+@pytest.mark.parametrize("in_features", [40, 24, 64])
+def test_int8_linear_keeps_the_fused_kernel_off_widths_it_gets_wrong(in_features):
+    """torch's CPU int8 kernel sums wrongly (or crashes) unless in_features is a multiple of 16: such a
+    layer dequantizes instead, and every width gives the dequantized product."""
+    torch.manual_seed(1)
+    lin = nn.Linear(in_features, 32, bias=False)
+    q = Int8Linear(lin, torch.bfloat16, fused=hasattr(torch, "_weight_int8pack_mm"))
+    assert q.fused == (hasattr(torch, "_weight_int8pack_mm") and in_features % 16 == 0)
+    x = torch.randn(3, in_features).bfloat16()
+    ref = x.float() @ (q.qweight.float() * q.scale.float()[:, None]).T
+    assert torch.allclose(q(x).float(), ref, atol=0.05, rtol=0.02)
 
 
 def test_int8_draft_copies_and_leaves_the_callers_model_untouched():

@@ -40,7 +40,7 @@ from ..quantize import Int8Linear
 from .cache import StepMeta
 from . import linear, packed as packed_path
 from .linear import weight_first_rows
-from .packed import PackedLinear, can_pack
+from .packed import PackedInt8Linear, PackedLinear, can_pack, can_pack_int8
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -58,7 +58,7 @@ class _Lin:
     def __init__(self, m: nn.Module, short_blocks: bool, packed: bool):
         multiply = weight_first_rows if short_blocks else F.linear
         if isinstance(m, Int8Linear):
-            self.forward = m.forward_2d
+            self.forward = PackedInt8Linear(m) if packed and can_pack_int8(m) else m.forward_2d
         elif type(m) is not nn.Linear:
             raise TypeError(f"unsupported linear {type(m).__name__}")
         elif packed and can_pack(m.weight):

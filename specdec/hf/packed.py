@@ -12,6 +12,13 @@ Measured on an Intel Xeon (Sapphire Rapids, 2 threads; benchmarks/results/linear
   same kernel gives the same numbers (bit for bit, measured) in ~0.6x the time, for every row count
   (a whole Qwen forward, attention and norms included: 145 ms against 181 ms, for 1 to 8 tokens alike).
 
+- an int8 draft (specdec/quantize.py): `torch._weight_int8pack_mm` converts every weight to bfloat16 as it
+  multiplies, so its time grows with the rows (SmolLM2-135M: 20 ms for 1 token, 35 for 8, 49 for 16;
+  a 115-token prompt about 200 ms), where a bfloat16 packed weight costs 26-31 ms for 1 to 16. A draft
+  runs long blocks when it prefills the prompt and when it catches up on text it did not draft (after
+  prompt lookup served a few steps, or a rejection): from `FROM_ROWS_INT8` rows those go through the
+  weight dequantized once to bfloat16 and packed (a draft's numbers move only its acceptance).
+
 The cost is memory: a packed copy of every weight that takes this path, beside the model's own (which
 HF's modules keep using), so the target's linear weights are held twice. `SPECDEC_PACKED_WEIGHTS=0`
 turns the path off, `=1` forces it on for any CPU where torch has oneDNN. The rule is fixed per
@@ -25,7 +32,8 @@ another order), the same kind of difference as between HF's one-token and k-toke
 loop's probe (hf/lean.py) certifies its operation order with this path off, and the target's greedy
 output is checked against HF's own by the tests.
 
-Shapes: x [n, in] (the weight's dtype), weight [out, in], bias [out] or None -> [n, out].
+Shapes: x [n, in] (the weight's dtype), weight [out, in], bias [out] or None -> [n, out]; an int8
+linear: x [n, in] -> [n, out] in bfloat16.
 """
 from __future__ import annotations
 
@@ -36,10 +44,13 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from ..quantize import Int8Linear
 from .cpu import cpu_vendor
 
 # the fewest rows a block needs to take the packed path, by weight dtype (other dtypes: never)
 FROM_ROWS = {torch.float32: 4, torch.bfloat16: 1}
+# the same for an int8 draft's linears (below it, the int8 kernel reads a quarter of the bytes)
+FROM_ROWS_INT8 = 5
 
 
 def packed_rule(vendor: str, onednn: bool, override: str | None = None) -> bool:
@@ -61,7 +72,8 @@ def describe() -> str:
     """For benchmark headers."""
     if not PACKED:
         return "packed weights off"
-    return "packed weights: " + ", ".join(f"{str(d).removeprefix('torch.')} from {n} rows" for d, n in FROM_ROWS.items())
+    return ("packed weights: " + ", ".join(f"{str(d).removeprefix('torch.')} from {n} rows" for d, n in FROM_ROWS.items())
+            + f", int8 drafts from {FROM_ROWS_INT8} rows")
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -70,8 +82,18 @@ def can_pack(weight: torch.Tensor) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-# nn.Linear -> (what the weight was when packed, the packed weight)
+# nn.Linear or Int8Linear -> (what the weight was when packed, the packed weight)
 _packed: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def _cached(module: nn.Module, tensors: tuple[torch.Tensor, ...], pack: Callable[[], torch.Tensor]) -> torch.Tensor:
+    key = tuple((t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in tensors)
+    hit = _packed.get(module)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    p = pack()
+    _packed[module] = (key, p)
+    return p
 
 
 def packed_weight(linear: nn.Linear) -> torch.Tensor:
@@ -80,13 +102,25 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
     if not can_pack(w):
         raise ValueError(f"only float32 or bfloat16 2-D weights on a CPU with oneDNN are packed, got {w.dtype} "
                          f"{tuple(w.shape)} on {w.device}")
-    key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
-    hit = _packed.get(linear)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    p = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
-    _packed[linear] = (key, p)
-    return p
+    return _cached(linear, (w,), lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+
+
+def can_pack_int8(linear: Int8Linear) -> bool:
+    """Can this int8 linear's weight, dequantized to its activation dtype, take the packed path?"""
+    q = linear.qweight
+    return (linear.scale.dtype == torch.bfloat16 and q.device.type == "cpu" and q.dim() == 2
+            and torch.backends.mkldnn.is_available())
+
+
+def packed_dequantized(linear: Int8Linear) -> torch.Tensor:
+    """An int8 linear's weight, dequantized once to bfloat16 (q * scale) and packed; reused while
+    qweight and scale are unchanged."""
+    if not can_pack_int8(linear):
+        raise ValueError(f"only int8 linears computing in bfloat16 on a CPU with oneDNN are packed, got "
+                         f"{linear.scale.dtype} on {linear.qweight.device}")
+    q, s = linear.qweight, linear.scale
+    return _cached(linear, (q, s), lambda: torch.ops.mkldnn._reorder_linear_weight(
+        (q.float() * s.float()[:, None]).to(torch.bfloat16), None))
 
 
 class PackedLinear:
@@ -102,3 +136,18 @@ class PackedLinear:
         if x.shape[0] < self.from_rows:
             return self.short(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+
+class PackedInt8Linear:
+    """An int8 draft's linear, x [n, in] -> [n, out] in bfloat16: blocks shorter than FROM_ROWS_INT8 rows
+    through its own int8 kernel, longer ones through its weight dequantized and packed."""
+
+    def __init__(self, linear: Int8Linear):
+        self.linear = linear
+        self.packed = packed_dequantized(linear)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < FROM_ROWS_INT8:
+            return self.linear.forward_2d(x)
+        x = x.to(torch.bfloat16).contiguous()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.linear.bias, "none", [], "")
