@@ -7,7 +7,7 @@ by prompt after a warm-up:
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
     specdec text at each --spec-k · specdec text / intersection, adaptive; text modes at each
     --lookahead (draft tokens drafted past a proposal to tell its last target token complete) ·
-    with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive)
+    with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive, and at each --spec-k)
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
                     help="also run intersection mode with this dynamic tree (adaptive node budget)")
     ap.add_argument("--lookup-first", action="store_true",
-                    help="also run prompt lookup alone and in front of text mode (drafters.LookupFirst), adaptive")
+                    help="also run prompt lookup alone and in front of text mode (drafters.LookupFirst), adaptive and at each --spec-k")
     ap.add_argument("--only", nargs="*", default=None, help="run only the modes whose names contain one of these")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/real_cross_tokenizer"))
     a = ap.parse_args()
@@ -111,6 +111,8 @@ def main() -> None:
     if a.lookup_first:
         modes["specdec ngram adaptive"] = timed(specdec.wrap(target, drafter="ngram"))
         modes["specdec ngram+text adaptive"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0))))
+        for k in a.spec_k:
+            modes[f"specdec ngram+text k={k}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0)), draft_length=k))
     modes["specdec intersection adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
                                                                 assistant_tokenizer=dtok, cross_tokenizer="intersection"))
     if a.tree:
