@@ -87,6 +87,7 @@ _packed: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = we
 
 
 def _cached(module: nn.Module, tensors: tuple[torch.Tensor, ...], pack: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """module's packed weight: pack() once, again whenever one of `tensors` moved, changed shape or version."""
     key = tuple((t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in tensors)
     hit = _packed.get(module)
     if hit is not None and hit[0] == key:
