@@ -18,7 +18,7 @@ from .engine import Engine, Limits
 from .generation_config import (check_supported, config_processors, eos_ids, limits_and_sampling,
                                 processor_lists, resolve_config, stop_string_criteria)
 from .hf.runner import max_positions_of
-from .policy import DraftPolicy, make_policy
+from .policy import ConstantPolicy, DraftPolicy, make_policy
 from .rows import assemble, split_rows
 from .verifiers.sampling import SamplingParams
 
@@ -266,6 +266,26 @@ class SpecModel:
         if "inputs" in kwargs:
             input_ids = kwargs.pop("inputs")
         return _run(self.engine, input_ids, **kwargs)
+
+    def warm_up(self, new_tokens: int = 4) -> None:
+        """Pay a first generation's one-off costs now rather than in the next one's time to first token.
+
+        The first generation with a model probes its lean loop (hf/lean.py: a few forwards through HF's
+        modules and the loop) and packs its weights (hf/packed.py), for the target and a model drafter
+        alike: on this project's Xeon ~2 s for SmolLM2-135M, ~10 s for Qwen2.5-Coder-1.5B in float32.
+        This runs one greedy generation of `new_tokens` tokens from a fixed 8-token prompt, drafting k = 2
+        under a policy of its own (the engine's policy, kept across calls or not, learns nothing from it),
+        then drops its KV: a cache kept from an earlier generation (keep_cache=True) is dropped too, so
+        call it before the first generation (ChatSession does, when it is made)."""
+        engine = self.engine
+        vocab = engine.vocab_size
+        prompt = (torch.arange(8, device=engine.device) * 37 + 11) % vocab  # [1, 8]: any ids will do
+        policy, engine.policy = engine.policy, ConstantPolicy(2 if engine.drafter is not None else 0)
+        try:
+            _run(engine, prompt[None], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        finally:
+            engine.policy = policy
+            engine.release_cache()
 
     def stream(self, input_ids=None, **kwargs):
         """Yield lists of new token ids as the target accepts them; the last item is the SpecStats.

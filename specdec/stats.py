@@ -14,10 +14,12 @@ class SpecStats:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # prompt tokens whose KV was kept from the previous turn (chat)
     new_tokens: int = 0
+    setup_s: float = 0.0        # before the prefill: the target's runner (its first generation: the lean
+                                # loop's probe and weight packing, seconds on a real model; SpecModel.warm_up)
     prefill_s: float = 0.0      # target (and model drafter) forward over the prompt
-    ttft_s: float = 0.0         # prefill + choosing the first token
+    ttft_s: float = 0.0         # setup + prefill + choosing the first token: what the caller waits
     decode_s: float = 0.0       # everything after the first token (and the drafter's prefill)
-    total_s: float = 0.0        # wall time from the start of prefill to the last token
+    total_s: float = 0.0        # wall time from the start of the generation (setup included) to the last token
     target_forwards: int = 0    # verification forwards (prefill excluded)
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -86,7 +88,7 @@ class SpecStats:
             for name in ("prompt_tokens", "reused_prompt_tokens", "new_tokens", "drafted_tokens", "accepted_tokens",
                          "draft_s"):
                 setattr(out, name, getattr(out, name) + getattr(r, name))
-            for name in ("prefill_s", "ttft_s", "decode_s", "total_s", "target_forwards", "verify_s"):
+            for name in ("setup_s", "prefill_s", "ttft_s", "decode_s", "total_s", "target_forwards", "verify_s"):
                 setattr(out, name, max(getattr(out, name), getattr(r, name)))
             for mine, theirs in ((out.tested_by_position, r.tested_by_position),
                                  (out.accepted_by_position, r.accepted_by_position)):
@@ -102,7 +104,11 @@ class SpecStats:
             d[name] = getattr(self, name)
         return d
 
+    def _setup_note(self) -> str:
+        """The setup inside TTFT, where it is worth naming (a model's first generation)."""
+        return f", first-use setup {self.setup_s * 1e3:.0f} ms" if self.setup_s >= 0.05 else ""
+
     def summary(self) -> str:
         return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s | acceptance {self.acceptance_rate:.2f}, "
                 f"tau {self.mean_accepted_length:.2f} | TTFT {self.ttft_s * 1e3:.1f} ms (prefill "
-                f"{self.prefill_s * 1e3:.1f} ms), TPOT {self.tpot_s * 1e3:.2f} ms, decode {self.decode_s:.2f} s")
+                f"{self.prefill_s * 1e3:.1f} ms{self._setup_note()}), TPOT {self.tpot_s * 1e3:.2f} ms, decode {self.decode_s:.2f} s")

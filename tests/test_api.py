@@ -218,3 +218,61 @@ def test_generate_keeps_a_named_policy_from_call_to_call(target):
     heuristic = next(p for _, p in kept.values() if isinstance(p, specdec.policy.HeuristicPolicy))
     heuristic.budget = 6  # as if the last call had ended on a long accepted run
     assert run(drafter, draft_length="heuristic").draft_lengths[0] == 6  # as HF: not reset to 4
+
+
+def test_warm_up_pays_the_first_generations_one_off_costs_and_leaves_nothing_behind(monkeypatch):
+    """After warm_up(): the target's and the draft's lean-loop probes are done (a second probe would fail
+    here), no page is in use, no KV is kept, the engine's own policy has learnt nothing, and the next
+    generation is the target's greedy output."""
+    from specdec.hf import lean
+
+    target, draft = build("llama", seed=3), build("llama", seed=4, layers=1)
+    model = specdec.wrap(target, drafter=draft, keep_cache=True)
+    policy = model.engine.policy
+    model.warm_up()
+    assert target in lean._verdicts and draft in lean._verdicts
+
+    def probed_again(_model):
+        raise AssertionError("probed after warm_up")
+
+    monkeypatch.setattr(lean, "_probe", probed_again)
+    engine = model.engine
+    assert engine.policy is policy and policy.tracker.steps == 0
+    assert engine.cached_tokens == [] and engine.pool.num_used == 0
+    out = model.generate(IDS, max_new_tokens=10, eos_token_id=None)
+    assert torch.equal(out, hf_greedy(target, IDS, 10))
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram"])
+def test_warm_up_runs_without_a_draft_model(drafter):
+    target = build("llama", seed=5)
+    model = specdec.wrap(target, drafter=drafter)
+    model.warm_up(new_tokens=3)
+    assert model.engine.pool.num_used == 0
+    assert torch.equal(model.generate(IDS, max_new_tokens=6, eos_token_id=None), hf_greedy(target, IDS, 6))
+
+
+def test_ttft_counts_the_first_generations_setup(monkeypatch):
+    """A model's first generation probes its lean loop before the prefill: the caller waits for it, so it
+    is in setup_s, ttft_s and total_s (not prefill_s); warm_up() takes it out of the next generation."""
+    import time as _time
+
+    from specdec.hf import lean
+
+    real_probe = lean._probe
+
+    def slow_probe(model):
+        _time.sleep(0.3)
+        return real_probe(model)
+
+    monkeypatch.setattr(lean, "_probe", slow_probe)
+    target = build("llama", seed=6)
+    first = specdec.generate(target, IDS, max_new_tokens=4, eos_token_id=None, return_dict_in_generate=True).stats
+    assert first.setup_s >= 0.3 and first.prefill_s < first.setup_s
+    assert first.ttft_s >= first.setup_s + first.prefill_s and first.total_s >= first.ttft_s + first.decode_s
+    assert "first-use setup" in first.summary()
+    other = build("llama", seed=7)
+    model = specdec.wrap(other)
+    model.warm_up()
+    after = model.generate(IDS, max_new_tokens=4, eos_token_id=None, return_dict_in_generate=True).stats
+    assert after.setup_s < 0.3 and after.ttft_s < first.ttft_s
