@@ -161,6 +161,7 @@ def generate_batch(engine: Engine, requests: list[RowRequest], sampling: Samplin
 
 @torch.no_grad()
 def _generate(engine: Engine, requests, sampling, generator):
+    t_begin = time.perf_counter()  # TTFT and total count from here: the runner's setup is waited for too
     dev, target = engine.device, engine.target
     planner = planner_for(engine)
     max_pos = max_positions_of(target)
@@ -187,7 +188,7 @@ def _generate(engine: Engine, requests, sampling, generator):
                                           r.processors, r.post_processors)
                 rows.append(_Row(i, r, BlockTable(pool, dev), planner.new_row(), pipeline, context,
                                  features[i] if features is not None else None))
-            _prefill(engine, runner, rows, sampling, generator)
+            _prefill(engine, runner, rows, sampling, generator, t_begin)
             if drafts is not None:  # the drafter's own prefill, after every row's first token is out
                 t_draft = time.perf_counter()
                 began = True
@@ -208,8 +209,8 @@ def _generate(engine: Engine, requests, sampling, generator):
     return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
 
 
-def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator) -> None:
-    """All prompts in one forward; each row's first token."""
+def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator, t_begin: float) -> None:
+    """All prompts in one forward; each row's first token. t_begin: when the generation started (setup)."""
     t0 = time.perf_counter()
     logits = runner.forward([RowForward(row.table, 0, row.context[:row.T], logits_rows=1) for row in rows])
     t1 = time.perf_counter()
@@ -220,7 +221,7 @@ def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator)
         first = pick_token(scores, sampling, generator)
         row.tokens.append(first)
         row.context[row.T] = first
-        row.stats.prefill_s = row.stats.ttft_s = t1 - t0
+        row.stats.setup_s, row.stats.prefill_s, row.stats.ttft_s = t0 - t_begin, t1 - t0, t1 - t_begin
         row.done = stops_at(row.tokens, row.T, row.request.limits, scores[:1])
         row.decode_t0 = time.perf_counter()
         if row.done:
@@ -318,6 +319,6 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
 def _finish(row: _Row) -> None:
     st = row.stats
     st.decode_s = time.perf_counter() - row.decode_t0
-    st.total_s = st.prefill_s + st.decode_s
+    st.total_s = st.setup_s + st.prefill_s + st.decode_s
     st.new_tokens = len(row.tokens) - row.T
     st.tracker = row.tracker.to_dict()

@@ -271,6 +271,11 @@ def test_ttft_counts_the_first_generations_setup(monkeypatch):
     assert first.setup_s >= 0.3 and first.prefill_s < first.setup_s
     assert first.ttft_s >= first.setup_s + first.prefill_s and first.total_s >= first.ttft_s + first.decode_s
     assert "first-use setup" in first.summary()
+    batch_target = build("llama", seed=8)  # a batch of two rows in one forward per step (specdec/batch.py)
+    ids = torch.tensor([[0, 5, 9, 13], [7, 8, 9, 10]])
+    rows = specdec.generate(batch_target, ids, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+                            max_new_tokens=3, eos_token_id=None, pad_token_id=0, return_dict_in_generate=True).stats
+    assert len(rows) == 2 and all(r.setup_s >= 0.3 and r.ttft_s >= r.setup_s + r.prefill_s for r in rows)
     other = build("llama", seed=7)
     model = specdec.wrap(other)
     model.warm_up()
