@@ -273,10 +273,10 @@ class SpecModel:
         The first generation with a model probes its lean loop (hf/lean.py: a few forwards through HF's
         modules and the loop) and packs its weights (hf/packed.py), for the target and a model drafter
         alike: on this project's Xeon ~0.6 s for SmolLM2-135M with its head, ~20 s for Qwen2.5-Coder-1.5B
-        in float32. This runs one greedy generation of `new_tokens` tokens from a fixed 8-token prompt, drafting k = 2
-        under a policy of its own (the engine's policy, kept across calls or not, learns nothing from it),
-        then drops its KV: a cache kept from an earlier generation (keep_cache=True) is dropped too, so
-        call it before the first generation (ChatSession does, when it is made)."""
+        in float32. This runs one greedy generation of `new_tokens` tokens from a fixed 8-token prompt,
+        drafting k = 2 under a policy of its own (the engine's policy, kept across calls or not, learns
+        nothing from it), then drops its KV: a cache kept from an earlier generation (keep_cache=True) is
+        dropped too, so call it before the first generation (ChatSession does, when it is made)."""
         engine = self.engine
         vocab = engine.vocab_size
         prompt = (torch.arange(8, device=engine.device) * 37 + 11) % vocab  # [1, 8]: any ids will do
