@@ -14,6 +14,9 @@ def cmd_chat(a) -> None:
 
     torch.set_num_threads(a.threads)
     target, tok = _load(a.target, "target")
+    if not a.no_status:
+        print("(warming up: the first generation's one-off setup, before the first answer)", file=sys.stderr,
+              flush=True)
     session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype, target),
                           system=a.system)
     chat_loop(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)
