@@ -11,13 +11,13 @@ Measured on an Intel Xeon (Sapphire Rapids, 2 threads; benchmarks/results/linear
 - bfloat16: `F.linear` already runs oneDNN, but reorders the weight on every call; packed once, the
   same kernel gives the same numbers (bit for bit, measured) in ~0.6x the time, for every row count
   (a whole Qwen forward, attention and norms included: 145 ms against 181 ms, for 1 to 8 tokens alike).
-
 - an int8 draft (specdec/quantize.py): `torch._weight_int8pack_mm` converts every weight to bfloat16 as it
-  multiplies, so its time grows with the rows (SmolLM2-135M: 20 ms for 1 token, 35 for 8, 49 for 16;
-  a 115-token prompt about 200 ms), where a bfloat16 packed weight costs 26-31 ms for 1 to 16. A draft
-  runs long blocks when it prefills the prompt and when it catches up on text it did not draft (after
-  prompt lookup served a few steps, or a rejection): from `FROM_ROWS_INT8` rows those go through the
-  weight dequantized once to bfloat16 and packed (a draft's numbers move only its acceptance).
+  multiplies, so its time grows with the rows (SmolLM2-135M: 20 ms for 1 token, 35 for 8, 48 for 16,
+  191 ms for a 115-token prompt), where bfloat16 packed weights cost 27-31 ms for 1 to 16 rows and 60 ms
+  for that prompt. A draft runs long blocks when it prefills the prompt and when it catches up on text it
+  did not draft (after prompt lookup served a few steps, or a rejection): from `FROM_ROWS_INT8` rows those
+  go through the weight dequantized once to bfloat16 and packed (a draft's numbers move only its
+  acceptance; the copy holds the draft's weights once more, in bfloat16).
 
 The cost is memory: a packed copy of every weight that takes this path, beside the model's own (which
 HF's modules keep using), so the target's linear weights are held twice. `SPECDEC_PACKED_WEIGHTS=0`
