@@ -2,6 +2,7 @@
 vendor, since each was measured on one."""
 from __future__ import annotations
 
+import functools
 import platform
 
 
@@ -17,6 +18,7 @@ def cpuinfo(field: str) -> str:
     return ""
 
 
+@functools.cache  # both machine rules ask at import; /proc/cpuinfo is read once
 def cpu_vendor() -> str:
     """The CPU's vendor string ('GenuineIntel', 'AuthenticAMD', ...; '' when it cannot be read)."""
     proc = cpuinfo("vendor_id") or platform.processor()  # Windows: 'AMD64 Family 25 ..., AuthenticAMD'

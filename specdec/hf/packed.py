@@ -76,10 +76,14 @@ def describe() -> str:
             + f", int8 drafts from {FROM_ROWS_INT8} rows")
 
 
+def _onednn_can_hold(weight: torch.Tensor) -> bool:
+    """A 2-D weight on a CPU, with torch built with oneDNN: what packing needs besides the dtype."""
+    return weight.device.type == "cpu" and weight.dim() == 2 and torch.backends.mkldnn.is_available()
+
+
 def can_pack(weight: torch.Tensor) -> bool:
     """Can this weight take the packed path (float32 or bfloat16, 2-D, on a CPU, torch built with oneDNN)?"""
-    return (weight.device.type == "cpu" and weight.dtype in FROM_ROWS and weight.dim() == 2
-            and torch.backends.mkldnn.is_available())
+    return weight.dtype in FROM_ROWS and _onednn_can_hold(weight)
 
 
 # nn.Linear or Int8Linear -> (what the weight was when packed, the packed weight)
@@ -108,9 +112,7 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
 
 def can_pack_int8(linear: Int8Linear) -> bool:
     """Can this int8 linear's weight, dequantized to its activation dtype, take the packed path?"""
-    q = linear.qweight
-    return (linear.scale.dtype == torch.bfloat16 and q.device.type == "cpu" and q.dim() == 2
-            and torch.backends.mkldnn.is_available())
+    return linear.scale.dtype == torch.bfloat16 and _onednn_can_hold(linear.qweight)
 
 
 def packed_dequantized(linear: Int8Linear) -> torch.Tensor:
