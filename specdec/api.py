@@ -23,7 +23,7 @@ from .rows import assemble, split_rows
 from .verifiers.sampling import SamplingParams
 
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens", "tokenizer",
-                 "assistant_tokenizer", "cross_tokenizer")
+                 "assistant_tokenizer", "cross_tokenizer", "lookup_first")
 
 
 
@@ -32,13 +32,22 @@ def _same_vocabulary(a, b) -> bool:
     return a is b or a.get_vocab() == b.get_vocab()
 
 
-def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, cross_tokenizer="auto"):
+def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, cross_tokenizer="auto",
+                     lookup_first="auto"):
     """The drafter argument -> a Drafter. A draft model with assistant_tokenizer= (HF's keyword) whose
-    vocabulary differs from tokenizer='s drafts across tokenizers (drafters/cross_tokenizer.py)."""
+    vocabulary differs from tokenizer='s drafts across tokenizers (drafters/cross_tokenizer.py).
+
+    lookup_first: True puts prompt lookup in front of the drafter (drafters/lookup_first.py: an n-gram
+    match where the context repeats itself, the drafter elsewhere); "auto" does so for a draft with its
+    own tokenizer, the best mode measured there (README: drafts with another tokenizer); False never."""
     from transformers import PreTrainedModel
 
+    from .drafters.lookup_first import LookupFirst
     from .drafters.model import ModelDrafter
 
+    if lookup_first not in (True, False, "auto"):
+        raise ValueError(f"lookup_first must be True, False or 'auto', got {lookup_first!r}")
+    across = False
     if drafter is None or isinstance(drafter, Drafter):
         out = drafter
     elif isinstance(drafter, str):
@@ -56,11 +65,20 @@ def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, 
             from .drafters.cross_tokenizer import CrossTokenizerDrafter
 
             out = CrossTokenizerDrafter(drafter, assistant_tokenizer, tokenizer, mode=cross_tokenizer)
+            across = True
     elif isinstance(drafter, PreTrainedModel):
         out = ModelDrafter(drafter)
     else:
         raise ValueError(f"drafter must be a PreTrainedModel, a specdec.drafters.Drafter or 'ngram', got "
                          f"{type(drafter).__name__}")
+    if lookup_first is True:
+        if out is None or isinstance(drafter, str):
+            raise ValueError("lookup_first=True puts prompt lookup in front of a drafter: pass one (a draft model, a "
+                             "FeatureHead, ...); for prompt lookup alone pass drafter='ngram'")
+        if not isinstance(out, LookupFirst):
+            out = LookupFirst(out)
+    elif lookup_first == "auto" and across:
+        out = LookupFirst(out)
     if isinstance(out, CheckedDrafter):
         out.check_compatible(target)
     return out
@@ -99,18 +117,19 @@ _kept_policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _kept_lock = threading.Lock()
 
 
-def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance) -> DraftPolicy:
+def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance, drafting=()) -> DraftPolicy:
     """The named policy ('adaptive' / 'heuristic') that `generate` keeps for this target, drafter and options.
 
     Its estimates (acceptance, costs; the heuristic's budget) carry over from call to call, as HF keeps its
     heuristic's num_assistant_tokens on the assistant model and as one `wrap()`ed model keeps its engine: a
     fresh policy per call relearns the costs and the acceptance rates on every call (on the zoo's code
     prompts, two runs: 0.96 and 0.99 of the best fixed k, where the kept policy reached 1.00 in both). A
-    new drafter object, tree shape or option gets its own policy; nothing here keeps a model alive.
+    new drafter object, tree shape or option gets its own policy (drafting: the options that decide how the
+    drafter argument drafts, e.g. cross_tokenizer and lookup_first); nothing here keeps a model alive.
     """
     model_drafter = drafter is not None and not isinstance(drafter, str)
     key = (id(drafter) if model_drafter else drafter, str(draft_length).strip().lower(), max_draft_length,
-           repr(tree), acceptance)
+           repr(tree), acceptance, tuple(drafting))
     with _kept_lock:
         kept = _kept_policies.setdefault(target, {})
         for k in [k for k, (ref, _) in kept.items() if ref is not None and ref() is None]:
@@ -127,7 +146,7 @@ def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptan
 
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
                  keep_cache=False, keep_policy=False, max_kv_tokens=None, tokenizer=None, assistant_tokenizer=None,
-                 cross_tokenizer="auto"):
+                 cross_tokenizer="auto", lookup_first="auto"):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -140,9 +159,10 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
             raise ValueError(f"draft_length={draft_length} is a node count for tree={tree!r}: it must be in "
                              f"[1, {tree.nodes}]")
     target.eval()
-    resolved = _resolve_drafter(target, drafter, tokenizer, assistant_tokenizer, cross_tokenizer)
+    resolved = _resolve_drafter(target, drafter, tokenizer, assistant_tokenizer, cross_tokenizer, lookup_first)
     if keep_policy and isinstance(draft_length, str) and drafter is not None:
-        policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance)
+        policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance,
+                              (cross_tokenizer, lookup_first, assistant_tokenizer is not None))
     else:
         policy = make_policy(draft_length, max_draft_length)
     return Engine(target, resolved, policy, acceptance=acceptance, tree=tree, keep_cache=keep_cache,
@@ -223,13 +243,17 @@ def _output(seq, stats, record):
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
              tree=None, acceptance: str = "exact", max_kv_tokens: int | None = None, assistant_tokenizer=None,
-             cross_tokenizer: str = "auto", **kwargs):
+             cross_tokenizer: str = "auto", lookup_first: bool | str = "auto", **kwargs):
     """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
 
     input_ids: [B, T] int64 (left-padded, with attention_mask, when B > 1: specdec/rows.py). Returns
     [B, T + N] int64, or GenerateOutput(sequences, stats; a list of per-row stats when B > 1) with
     return_dict_in_generate=True. drafter: a PreTrainedModel sharing the vocabulary, a Drafter, 'ngram' or
-    None (plain decoding through the same engine). tree: None (draft a chain) or a specdec.TreeSpec (draft a
+    None (plain decoding through the same engine); a PreTrainedModel with another vocabulary drafts across
+    tokenizers with HF's keywords tokenizer= (the target's) and assistant_tokenizer= (the draft's), in
+    cross_tokenizer mode 'auto', 'text' or 'intersection' (drafters/cross_tokenizer.py). lookup_first:
+    prompt lookup in front of the drafter (drafters/lookup_first.py); 'auto' (default) for a draft with
+    another tokenizer only, True for any drafter, False never. tree: None (draft a chain) or a specdec.TreeSpec (draft a
     token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
     a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
     and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`). max_kv_tokens:
@@ -244,7 +268,8 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     """
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
                           max_kv_tokens=max_kv_tokens, tokenizer=kwargs.get("tokenizer"),
-                          assistant_tokenizer=assistant_tokenizer, cross_tokenizer=cross_tokenizer)
+                          assistant_tokenizer=assistant_tokenizer, cross_tokenizer=cross_tokenizer,
+                          lookup_first=lookup_first)
     return _run(engine, input_ids, **kwargs)
 
 
@@ -348,7 +373,7 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
                        synced_gpus=False, streamer=None, drafter=None, draft_length="adaptive",
                        max_draft_length: int = 8, tree=None, acceptance: str = "exact", specdec_streamer=None,
                        specdec_tokenizer=None, specdec_assistant_tokenizer=None, cross_tokenizer: str = "auto",
-                       **model_kwargs):
+                       lookup_first: bool | str = "auto", **model_kwargs):
     """The decoding loop for `model.generate(..., custom_generate=specdec.hf_custom_generate, drafter=d)`.
 
     HF has already resolved generation_config and built its logits processors (warpers included) and
@@ -367,7 +392,7 @@ def hf_custom_generate(model, input_ids, logits_processor, stopping_criteria, ge
                          "no padding): pass the unpadded prompt")
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
                           tokenizer=specdec_tokenizer, assistant_tokenizer=specdec_assistant_tokenizer,
-                          cross_tokenizer=cross_tokenizer)
+                          cross_tokenizer=cross_tokenizer, lookup_first=lookup_first)
     batch = _prompt(model, input_ids)
     if batch.shape[0] != 1:
         raise ValueError(f"batch size {batch.shape[0]}: hf_custom_generate runs one sequence; pass the batch to "

@@ -84,8 +84,8 @@ def test_a_permuted_copy_of_the_target_drafts_exactly_and_is_accepted(zoo_target
     for prompt in specdec.zoo.prompts(2):
         ids = tok(prompt, return_tensors="pt").input_ids
         out = specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
-                               cross_tokenizer=mode, draft_length=4, max_new_tokens=NEW, eos_token_id=None,
-                               return_dict_in_generate=True)
+                               cross_tokenizer=mode, lookup_first=False, draft_length=4, max_new_tokens=NEW,
+                               eos_token_id=None, return_dict_in_generate=True)
         assert torch.equal(out.sequences, hf_greedy(target, ids, NEW, eos_token_id=None))
         assert out.stats.acceptance_rate > 0.6, out.stats.summary()  # a wrong map or history would be ~0
 
@@ -207,6 +207,49 @@ def test_sampled_batch_rows_through_the_intersection_follow_the_target(monkeypat
     assert min(p) < 1e-6 if lossy else min(p) > 1e-3, p
 
 
+def test_hf_keywords_put_prompt_lookup_in_front_of_a_draft_of_another_tokenizer(zoo_target):
+    """tokenizer= / assistant_tokenizer= with a draft of another vocabulary draft behind prompt lookup by
+    default (lookup_first='auto'): the target's greedy output, both sources proposing (the zoo target
+    repeats itself, so its context has matches), both page pools given back. lookup_first=False drafts
+    with the model alone (every step the drafter's); a draft of the same vocabulary stays a plain
+    ModelDrafter unless lookup_first=True."""
+    from specdec.drafters import LookupFirst
+    from specdec.drafters.model import ModelDrafter
+
+    target, tok = zoo_target
+    draft_tok = other_tokenizer(700)
+    draft = tiny_llama(len(draft_tok), seed=1)
+    ids = tok(specdec.zoo.prompts(3)[2], return_tensors="pt").input_ids
+    want = hf_greedy(target, ids, NEW, eos_token_id=None)
+    model = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok, draft_length=3)
+    first = model.engine.drafter
+    assert isinstance(first, LookupFirst) and isinstance(first.drafter, CrossTokenizerDrafter)
+    assert torch.equal(model.generate(ids, max_new_tokens=NEW, eos_token_id=None), want)
+    assert first.lookup_steps > 0 and first.drafter_steps > 0, (first.lookup_steps, first.drafter_steps)
+    assert model.engine.pool.num_used == 0 and first.drafter.runner is None
+    plain = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok, lookup_first=False)
+    assert isinstance(plain.engine.drafter, CrossTokenizerDrafter)
+    assert torch.equal(plain.generate(ids, max_new_tokens=NEW, eos_token_id=None), want)
+    same = specdec.zoo.load("draft-tiny")[0]
+    assert isinstance(specdec.wrap(target, drafter=same, tokenizer=tok, assistant_tokenizer=tok).engine.drafter,
+                      ModelDrafter)
+    behind = specdec.wrap(target, drafter=same, lookup_first=True).engine.drafter
+    assert isinstance(behind, LookupFirst) and isinstance(behind.drafter, ModelDrafter)
+    out = specdec.generate(target, ids, drafter=same, lookup_first=True, draft_length=3, max_new_tokens=NEW,
+                           eos_token_id=None)
+    assert torch.equal(out, want)
+
+
+def test_lookup_first_errors_name_the_problem(zoo_target):
+    target, tok = zoo_target
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with pytest.raises(ValueError, match="lookup_first must be True, False or 'auto'"):
+        specdec.generate(target, ids, drafter="ngram", lookup_first="yes", max_new_tokens=2)
+    for drafter in (None, "ngram"):  # nothing to put the lookup in front of
+        with pytest.raises(ValueError, match="for prompt lookup alone pass drafter='ngram'"):
+            specdec.wrap(target, drafter=drafter, lookup_first=True)
+
+
 def test_cross_tokenizer_errors_name_the_problem(zoo_target):
     target, tok = zoo_target
     draft_tok = char_tokenizer("xyz")
@@ -273,7 +316,7 @@ def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_targe
     texts = specdec.zoo.prompts(3)
     enc = tok(texts, return_tensors="pt", padding=True)
     model = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok, cross_tokenizer=mode,
-                         draft_length=4 if tree is None else 6, tree=tree)
+                         lookup_first=False, draft_length=4 if tree is None else 6, tree=tree)
     assert batch_mod.batchable(model.engine) is None
     draft_rows, forward = [], BatchRunner.forward
 

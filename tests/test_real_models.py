@@ -155,22 +155,27 @@ def test_smollm2_drafts_for_gemma3_across_tokenizers(smollm2, gemma3, mode):
     ids = _prompt(target, tok)
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
     out = specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
-                           cross_tokenizer=mode, draft_length=3, max_new_tokens=NEW, return_dict_in_generate=True)
+                           cross_tokenizer=mode, lookup_first=False, draft_length=3, max_new_tokens=NEW,
+                           return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref), tok.decode(out.sequences[0, ids.shape[1]:])
     assert out.stats.accepted_tokens > 0, out.stats.summary()
 
 
 def test_smollm2_drafts_for_gemma3_across_tokenizers_behind_prompt_lookup(smollm2, gemma3):
-    """LookupFirst in front of a draft of another tokenizer (text mode), adaptive: Gemma 3's own greedy
-    output on a prompt that repeats, with both sources proposing."""
+    """HF's keywords (tokenizer=, assistant_tokenizer=) put prompt lookup in front of a draft of another
+    tokenizer by default (LookupFirst, text mode when greedy), adaptive: Gemma 3's own greedy output on a
+    prompt that repeats, with both sources proposing."""
     from specdec.drafters import CrossTokenizerDrafter, LookupFirst
 
     draft, draft_tok = smollm2
     target, tok = gemma3
     ids = torch.cat([_prompt(target, tok)] * 2, 1)  # the text repeats: the lookup has matches
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
-    drafter = LookupFirst(CrossTokenizerDrafter(draft, draft_tok, tok, mode="text"))
-    out = specdec.generate(target, ids, drafter=drafter, max_new_tokens=NEW, return_dict_in_generate=True)
+    model = specdec.wrap(target, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok)
+    drafter = model.engine.drafter
+    assert isinstance(drafter, LookupFirst) and isinstance(drafter.drafter, CrossTokenizerDrafter)
+    out = model.generate(ids, max_new_tokens=NEW, return_dict_in_generate=True)
+    assert drafter.drafter.active == "text"
     assert torch.equal(out.sequences, ref), tok.decode(out.sequences[0, ids.shape[1]:])
     assert drafter.lookup_steps > 0 and drafter.drafter_steps > 0, (drafter.lookup_steps, drafter.drafter_steps)
 
