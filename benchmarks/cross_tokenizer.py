@@ -1,7 +1,8 @@
 """Drafting across tokenizers on real models: a target, a draft with another tokenizer (default: Qwen2.5-
 Coder-1.5B-Instruct drafted for by SmolLM2-135M-Instruct), greedy, float32 unless --target-dtype /
 --draft-dtype say otherwise (for HF and specdec alike), side by side in one process, alternating prompt
-by prompt after a warm-up:
+by prompt after a warm-up (HF's tau: new tokens per target forward, counted by a hook; per prompt: tok/s
+and the ratio to HF's best UAD on that prompt):
 
     HF target-only  ·  HF universal assisted decoding (assistant_model + tokenizer + assistant_tokenizer)
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
@@ -32,7 +33,8 @@ import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.drafters import CrossTokenizerDrafter, LookupFirst  # noqa: E402
 from specdec.files import write_text  # noqa: E402
-from specdec.quantize import int8_draft  # noqa: E402
+from specdec.quantize import int4_draft, int8_draft  # noqa: E402
+from specdec.stats import SpecStats  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
 
 
@@ -47,8 +49,9 @@ def main() -> None:
     ap.add_argument("--target-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the target's weights (HF and specdec alike); greedy equality is checked against HF's own "
                          "target-only output in that dtype")
-    ap.add_argument("--draft-dtype", choices=["float32", "int8"], default="float32",
-                    help="int8: the draft's linears weight-only int8 (specdec.quantize.int8_draft), for HF and specdec alike")
+    ap.add_argument("--draft-dtype", choices=["float32", "int8", "int4"], nargs="+", default=["float32"],
+                    help="the draft's linears: float32, weight-only int8 (specdec.int8_draft) or int4 (specdec.int4_draft), "
+                         "for HF and specdec alike; with several, every draft mode runs once per dtype")
     ap.add_argument("--lookahead", type=int, nargs="+", default=[0],
                     help="text mode's look-ahead draft tokens (CrossTokenizerDrafter(lookahead=)); each is run")
     ap.add_argument("--threads", type=int, default=2)
@@ -63,15 +66,19 @@ def main() -> None:
     target, tok = specdec.zoo.load(a.target)
     if a.target_dtype == "bfloat16":
         target = target.to(torch.bfloat16)
-    draft, dtok = specdec.zoo.load(a.draft)
-    if a.draft_dtype == "int8":
-        draft = int8_draft(draft)
+    base_draft, dtok = specdec.zoo.load(a.draft)
     n = a.max_new_tokens
     files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("code_write.jsonl", "code_edit.jsonl"))
     prompts = load_prompts(tok, files, -(-a.num_prompts // 2), chat=True, alternate=True)[:a.num_prompts]
 
+    calls = [0]  # the target's forward calls during an HF mode: one per verification (the prompt's included)
+    target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+
     def hf(extra=None, k=None):
+        draft = extra["assistant_model"] if extra else None
+
         def run(ids):
+            calls[0] = 0
             if k is not None:
                 draft.generation_config.num_assistant_tokens = k
                 draft.generation_config.num_assistant_tokens_schedule = "constant"
@@ -81,14 +88,10 @@ def main() -> None:
             t0 = time.perf_counter()
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                                   **(extra or {}))
-            return out, time.perf_counter() - t0, None
+            dt = time.perf_counter() - t0
+            return out, dt, calls[0] if extra else None
         return run
 
-    uad = dict(assistant_model=draft, tokenizer=tok, assistant_tokenizer=dtok)
-    modes = {"target-only": hf()}
-    for k in a.hf_k:
-        modes[f"HF UAD k={k}"] = hf(uad, k)
-    modes["HF UAD default"] = hf(uad)
     def timed(model):
         def run(ids):
             t0 = time.perf_counter()
@@ -96,41 +99,57 @@ def main() -> None:
             return out.sequences, time.perf_counter() - t0, out.stats
         return run
 
+    modes = {"target-only": hf()}
     modes["specdec plain"] = timed(specdec.wrap(target))  # the runtime alone: nothing drafted
-    def text(lookahead: int) -> CrossTokenizerDrafter:
-        return CrossTokenizerDrafter(draft, dtok, tok, mode="text", lookahead=lookahead)
+    quantizers = {"float32": lambda m: m, "int8": int8_draft, "int4": int4_draft}
+    for dtype in a.draft_dtype:  # every mode once per draft dtype, HF's too
+        draft = quantizers[dtype](base_draft)
+        tag = f" ({dtype})" if len(a.draft_dtype) > 1 else ""
+        uad = dict(assistant_model=draft, tokenizer=tok, assistant_tokenizer=dtok)
+        for k in a.hf_k:
+            modes[f"HF UAD k={k}{tag}"] = hf(uad, k)
+        modes[f"HF UAD default{tag}"] = hf(uad)
 
-    def named(lookahead: int) -> str:
-        return "" if a.lookahead == [0] else f" look-ahead {lookahead}"
+        def text(lookahead: int, draft=draft) -> CrossTokenizerDrafter:
+            return CrossTokenizerDrafter(draft, dtok, tok, mode="text", lookahead=lookahead)
 
-    for k in a.spec_k:
+        def named(lookahead: int) -> str:
+            return "" if a.lookahead == [0] else f" look-ahead {lookahead}"
+
+        for k in a.spec_k:
+            for la in a.lookahead:
+                modes[f"specdec text k={k}{named(la)}{tag}"] = timed(specdec.wrap(target, drafter=text(la), draft_length=k))
         for la in a.lookahead:
-            modes[f"specdec text k={k}{named(la)}"] = timed(specdec.wrap(target, drafter=text(la), draft_length=k))
-    for la in a.lookahead:
-        modes[f"specdec text adaptive{named(la)}"] = timed(specdec.wrap(target, drafter=text(la)))
+            modes[f"specdec text adaptive{named(la)}{tag}"] = timed(specdec.wrap(target, drafter=text(la)))
+        if a.lookup_first:
+            modes[f"specdec ngram+text adaptive{tag}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0))))
+            for k in a.spec_k:
+                modes[f"specdec ngram+text k={k}{tag}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0)),
+                                                                             draft_length=k))
+        modes[f"specdec intersection adaptive{tag}"] = timed(specdec.wrap(
+            target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection",
+            lookup_first=False))
+        if a.tree:
+            nodes, depth, topk = a.tree
+            tree = specdec.TreeSpec.dynamic(nodes=nodes, depth=depth, topk=topk)
+            modes[f"specdec intersection {tree!r} adaptive{tag}"] = timed(specdec.wrap(
+                target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection",
+                tree=tree, lookup_first=False))
     if a.lookup_first:
         modes["specdec ngram adaptive"] = timed(specdec.wrap(target, drafter="ngram"))
-        modes["specdec ngram+text adaptive"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0))))
-        for k in a.spec_k:
-            modes[f"specdec ngram+text k={k}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0)), draft_length=k))
-    modes["specdec intersection adaptive"] = timed(specdec.wrap(target, drafter=draft, tokenizer=tok,
-                                                                assistant_tokenizer=dtok, cross_tokenizer="intersection"))
-    if a.tree:
-        nodes, depth, topk = a.tree
-        tree = specdec.TreeSpec.dynamic(nodes=nodes, depth=depth, topk=topk)
-        modes[f"specdec intersection {tree!r} adaptive"] = timed(specdec.wrap(
-            target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection", tree=tree))
     if a.only:
         modes = {name: run for name, run in modes.items() if name == "target-only" or any(o in name for o in a.only)}
     for run in modes.values():  # warm-up: one-off costs (the vocabulary map, lazy inits) are paid here
         run(prompts[0][:, :24])
-    rows = {name: {"tps": [], "stats": [], "mismatch": 0} for name in modes}
+    rows = {name: {"tps": [], "stats": [], "hf_tau": [], "mismatch": 0} for name in modes}
     for i, ids in enumerate(prompts):
         ref = None
         for name, run in modes.items():
             seq, dt, stats = run(ids)
             rows[name]["tps"].append((seq.shape[1] - ids.shape[1]) / dt)
-            if stats is not None:
+            if isinstance(stats, int):  # HF UAD: its target forwards
+                rows[name]["hf_tau"].append((seq.shape[1] - ids.shape[1]) / stats)
+            elif stats is not None:
                 rows[name]["stats"].append(stats)
             if ref is None:
                 ref = seq
@@ -143,12 +162,12 @@ def main() -> None:
              f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
              + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [0] else "")
-             + (f" --draft-dtype {a.draft_dtype}" if a.draft_dtype != "float32" else "")
+             + (f" --draft-dtype {' '.join(a.draft_dtype)}" if a.draft_dtype != ["float32"] else "")
              + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
              + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
              + (" --lookup-first" if a.lookup_first else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
-             f"{a.target_dtype} target, {a.draft_dtype} draft (the same for HF and specdec), greedy, "
+             f"{a.target_dtype} target, {' / '.join(a.draft_dtype)} draft (the same for HF and specdec), greedy, "
              f"{len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
              f"Machine: {machine()}.", "",
@@ -160,17 +179,27 @@ def main() -> None:
         acc = tau = pos = c = used = ""
         s = r["stats"]
         drafted = sum(x.drafted_tokens for x in s)
+        if r["hf_tau"]:  # HF's UAD: tokens per target forward, counted
+            tau = f"{statistics.mean(r['hf_tau']):.2f}"
         if drafted:  # a speculative mode (target-only and specdec plain draft nothing)
             forwards = sum(x.target_forwards for x in s)
             acc = f"{sum(x.accepted_tokens for x in s) / drafted:.2f}"
             tau = f"{sum(x.new_tokens for x in s) / forwards:.2f}"
             used = f"{drafted / forwards:.1f}"
-            pos = ", ".join(f"{v:.2f}" for v in s[-1].per_position_acceptance[:6])
+            pos = ", ".join(f"{v:.2f}" for v in SpecStats.combine(s).per_position_acceptance[:6])  # every prompt's
             # c: seconds per drafted token (the re-tokenizing included) over target-only seconds per token
             c = f"{sum(x.draft_s for x in s) / drafted * base:.3f}"
         vs_hf = f"{tps / best_hf:.2f}x" if best_hf else ""
         lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {vs_hf} | {acc} | {tau} | {used} | {pos} | {c} "
                      f"| {r['mismatch']} |")
+    lines += ["", "Per prompt, tok/s (w: code writing, e: code editing) and the ratio to HF's best UAD on that prompt:", "",
+              "| mode | " + " | ".join(f"{i} ({'we'[i % 2]})" for i in range(len(prompts))) + " |",
+              "|---|" + "---|" * len(prompts)]
+    best_hf_each = [max((r["tps"][i] for name, r in rows.items() if name.startswith("HF UAD")), default=None)
+                    for i in range(len(prompts))]
+    for name, r in rows.items():
+        cells = [f"{v:.2f}" + (f" ({v / b:.2f}x)" if b else "") for v, b in zip(r["tps"], best_hf_each)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     md = "\n".join(lines) + "\n"
     print(md)
     write_text(Path(a.out + ".md"), md)

@@ -2,12 +2,12 @@
 from . import zoo
 from .api import SpecModel, generate, hf_custom_generate, wrap
 from .policy import AcceptanceTracker, DraftPolicy
-from .quantize import int8_draft
+from .quantize import int4_draft, int8_draft
 from .stats import SpecStats
 from .tree import TreeSpec
 
 __all__ = ["zoo", "TreeSpec", "generate", "wrap", "hf_custom_generate", "GenerateOutput", "SpecModel", "SpecStats",
-           "int8_draft", "AcceptanceTracker", "DraftPolicy"]
+           "int8_draft", "int4_draft", "AcceptanceTracker", "DraftPolicy"]
 __version__ = "0.1.0"
 
 

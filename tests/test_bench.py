@@ -55,7 +55,7 @@ def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "int4"])
 def test_bench_with_a_low_precision_draft_keeps_the_float32_targets_output(tmp_path, dtype):
     out = tmp_path / "bench"
     main(["bench", "--drafter", "draft-tiny", "--draft-dtype", dtype, "--k", "2", "--num-prompts", "1",

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.hf import packed
 from specdec.hf.lean import LeanRunner
-from specdec.hf.packed import (FROM_ROWS, PackedInt8Linear, PackedLinear, packed_dequantized, packed_rule,
+from specdec.hf.packed import (FROM_ROWS, PackedQuantizedLinear, PackedLinear, packed_dequantized, packed_rule,
                                packed_weight)
 from specdec.hf.runner import ModelRunner
-from specdec.quantize import Int8Linear, int8_draft
+from specdec.quantize import Int4Linear, Int8Linear, int4_draft, int8_draft
 
 from conftest import VOCAB, build
 from test_lean import _logits
@@ -111,20 +111,27 @@ def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
         pool = PagePool(4, 8)
         runner = LeanRunner(model, pool, BlockTable(pool))
         assert isinstance(runner.layers[0].up.forward, PackedLinear) == rule
-        q8 = int8_draft(model)
-        runner = LeanRunner(q8, pool, BlockTable(pool))
-        assert isinstance(runner.layers[0].up.forward, PackedInt8Linear) == rule
+        for quantized in (int8_draft(model), int4_draft(model)):
+            runner = LeanRunner(quantized, pool, BlockTable(pool))
+            assert isinstance(runner.layers[0].up.forward, PackedQuantizedLinear) == rule
 
 
 def _int8_linear(out_f: int, in_f: int, bias: bool, dtype=torch.bfloat16) -> Int8Linear:
     return Int8Linear(_linear(out_f, in_f, bias, torch.float32, seed=3), dtype, fused=True)
 
 
+def _int4_linear(out_f: int, in_f: int, bias: bool) -> Int4Linear:
+    return Int4Linear(_linear(out_f, in_f, bias, torch.float32, seed=3), group_size=32)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("bias", [False, True])
-def test_an_int8_linear_multiplies_long_blocks_through_its_dequantized_weight(bias, monkeypatch):
-    """Short blocks: the int8 kernel's own numbers, bit for bit. From FROM_ROWS_INT8 rows: x @ (q * scale).T
-    in bfloat16 (the weight dequantized once), not the int8 kernel (counted)."""
-    lin = _int8_linear(96, 48, bias)
+def test_a_quantized_linear_multiplies_long_blocks_through_its_dequantized_weight(bias, bits, monkeypatch):
+    """Short blocks: the int8 / int4 kernel's own numbers, bit for bit. From FROM_ROWS_QUANTIZED rows (int8:
+    FROM_ROWS_INT8, int4: FROM_ROWS_INT4): x @ W.T with W dequantized once to bfloat16, not the kernel
+    (counted)."""
+    lin = _int8_linear(96, 64, bias) if bits == 8 else _int4_linear(96, 64, bias)
+    from_rows = packed.FROM_ROWS_INT8 if bits == 8 else packed.FROM_ROWS_INT4
     kernel_rows = []
     own = lin.forward_2d
 
@@ -132,18 +139,19 @@ def test_an_int8_linear_multiplies_long_blocks_through_its_dequantized_weight(bi
         kernel_rows.append(x.shape[0])
         return own(x)
 
-    fast = PackedInt8Linear(lin)
+    fast = PackedQuantizedLinear(lin)
     monkeypatch.setattr(lin, "forward_2d", counted)
-    dequantized = (lin.qweight.float() * lin.scale.float()[:, None]).to(torch.bfloat16).float()
-    for rows in (1, 4, packed.FROM_ROWS_INT8, 9, 17):
-        x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    dequantized = lin.dequantized().float()
+    sizes = (1, 4, from_rows - 1, from_rows, from_rows + 4, 17)
+    for rows in sizes:
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
         got = fast(x)
         assert got.shape == (rows, 96) and got.dtype == torch.bfloat16
         ref = x.float() @ dequantized.T + (lin.bias.float() if bias else 0)
         assert torch.allclose(got.float(), ref, atol=3e-2, rtol=2e-2), rows
-        if rows < packed.FROM_ROWS_INT8:
+        if rows < from_rows:
             assert torch.equal(got, own(x))
-    assert kernel_rows == [r for r in (1, 4, packed.FROM_ROWS_INT8, 9, 17) if r < packed.FROM_ROWS_INT8]
+    assert kernel_rows == [r for r in sizes if r < from_rows]
 
 
 def test_an_int8_weight_is_dequantized_once_and_again_when_it_changes():
@@ -154,21 +162,23 @@ def test_an_int8_weight_is_dequantized_once_and_again_when_it_changes():
         lin.qweight.neg_()  # changed in place
     x = torch.randn(8, 16, dtype=torch.bfloat16)
     assert packed_dequantized(lin) is not first
-    assert torch.allclose(PackedInt8Linear(lin)(x).float(), lin.forward_2d(x).float(), atol=3e-2, rtol=2e-2)
+    assert torch.allclose(PackedQuantizedLinear(lin)(x).float(), lin.forward_2d(x).float(), atol=3e-2, rtol=2e-2)
 
 
 def test_int8_linears_computing_in_float16_stay_on_their_kernel():
     lin = _int8_linear(16, 16, False, dtype=torch.float16)
-    assert not packed.can_pack_int8(lin)
+    assert not packed.can_pack_quantized(lin)
     with pytest.raises(ValueError, match="float16"):
         packed_dequantized(lin)
 
 
-def test_an_int8_draft_prefills_through_dequantized_weights_with_the_hf_modules_tokens():
-    """An int8 draft's lean loop (prefill of 13, then 1, 4, 1 and 6 tokens: blocks on both sides of
-    FROM_ROWS_INT8) keeps the logits (to bfloat16 rounding) and greedy tokens of the same draft through
-    HF's modules."""
-    q8 = int8_draft(build("llama", seed=1, scale=3.0))
+@pytest.mark.parametrize("quantize", [int8_draft, int4_draft])
+def test_a_quantized_draft_prefills_through_dequantized_weights_with_the_hf_modules_tokens(quantize, monkeypatch):
+    """An int8 / int4 draft's lean loop (prefill of 13, then 1, 4, 1 and 6 tokens: blocks on both sides of
+    its FROM_ROWS_QUANTIZED, set to 5 here for int4 as well) keeps the logits (to bfloat16 rounding) and
+    greedy tokens of the same draft through HF's modules."""
+    monkeypatch.setitem(packed.FROM_ROWS_QUANTIZED, Int4Linear, 5)
+    q8 = quantize(build("llama", seed=1, scale=3.0))
     tokens = torch.randint(3, VOCAB, (25,), generator=torch.Generator().manual_seed(5))
     chunks = [13, 1, 4, 1, 6]
     ref = _logits(ModelRunner, q8, tokens, chunks)

@@ -1,10 +1,11 @@
-"""int8 weight-only drafts: faithful to the float draft, never change the output, leave the caller's model whole."""
+"""int8 and int4 weight-only drafts: faithful to the float draft, never change the output, leave the caller's
+model whole."""
 import pytest
 import torch
 import torch.nn as nn
 
 import specdec
-from specdec.quantize import Int8Linear, int8_draft
+from specdec.quantize import Int4Linear, Int8Linear, int4_draft, int8_draft
 
 from conftest import VOCAB, build, hf_greedy
 
@@ -92,3 +93,79 @@ def test_int8_draft_samples_and_refuses_float32_activations():
     assert out.shape == (1, 18)
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         int8_draft(target, dtype=torch.float32)
+
+
+INT4_KERNEL = hasattr(torch, "_weight_int4pack_mm_for_cpu")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int4_linear_is_its_dequantized_matmul_and_within_half_a_step_per_weight(bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48, bias=bias)
+    q = Int4Linear(lin, group_size=32)
+    assert q.fused == INT4_KERNEL and q.qweight.shape == (48, 32) and q.qweight.dtype == torch.uint8
+    w = lin.weight.detach()
+    deq = q.dequantized().float()
+    step = q.scale.float().t().repeat_interleave(32, dim=1)  # [out, in]: each weight's group step
+    # round to nearest in 16 levels from the group's minimum (itself rounded to bfloat16, hence the slack)
+    assert ((deq - w).abs() <= step / 2 + 1e-2 * w.abs().max()).all()
+    # the nibbles: every weight's 4-bit level comes back from the packed bytes
+    levels = ((deq - q.low.float().t().repeat_interleave(32, dim=1)) / step).round()
+    assert levels.min() >= 0 and levels.max() <= 15
+    x = torch.randn(2, 3, 64)
+    y = q(x)
+    assert y.shape == (2, 3, 48) and y.dtype == torch.bfloat16
+    ref = x.bfloat16().float() @ deq.T + (lin.bias.detach().bfloat16().float() if bias else 0)
+    assert torch.allclose(y.float(), ref, atol=0.05, rtol=0.02)
+    full = lin(x)
+    assert (y.float() - full).norm() / full.norm() < 0.15  # 4 bits: ~10x int8's error, still the same layer
+
+
+def test_int4_draft_quantizes_what_splits_into_groups_and_keeps_int8_elsewhere():
+    model = build("llama", seed=1)  # hidden 32, intermediate 64
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    draft = int4_draft(model, group_size=64)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the caller's model untouched
+    assert not [m for m in draft.modules() if isinstance(m, nn.Linear)]
+    down = draft.model.layers[0].mlp.down_proj  # in_features 64: whole groups
+    q_proj = draft.model.layers[0].self_attn.q_proj  # in_features 32: not a group of 64
+    assert isinstance(q_proj, Int8Linear)
+    assert isinstance(down, Int4Linear) == INT4_KERNEL and (isinstance(down, Int8Linear) != INT4_KERNEL)
+    for bad in (0, 16, 48, 32.0, True):
+        with pytest.raises(ValueError, match="group_size"):
+            int4_draft(model, group_size=bad)
+    with pytest.raises(ValueError, match="do not split in_features=32"):
+        Int4Linear(nn.Linear(32, 16), group_size=64)
+
+
+@pytest.mark.skipif(not INT4_KERNEL, reason="torch without the CPU int4 kernel: int4_draft is int8 throughout")
+def test_int4_draft_of_the_target_itself_is_accepted_mostly():
+    """Power: the target's own int4 copy agrees with it mostly (4 bits lose more than int8's 0.8); a
+    quantizer with its nibbles or scales wrong drafts noise and fails this."""
+    target = build("llama", seed=2, layers=2, scale=2.0)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    draft = int4_draft(target, group_size=32)
+    assert sum(isinstance(m, Int4Linear) for m in draft.modules()) >= 10
+    out = specdec.generate(target, ids, drafter=draft, draft_length=4, max_new_tokens=40, eos_token_id=None,
+                           return_dict_in_generate=True)
+    assert out.stats.acceptance_rate > 0.6, out.stats.summary()
+    broken = int4_draft(target, group_size=32)
+    for m in broken.modules():
+        if isinstance(m, Int4Linear):  # the kernel's copy rebuilt from nibbles swapped within each byte
+            m.qweight.copy_((m.qweight >> 4) | (m.qweight << 4))
+            q = torch.stack((m.qweight & 15, m.qweight >> 4), -1).reshape(m.out_features, -1).to(torch.int32)
+            m._try_kernel(q)
+    bad = specdec.generate(target, ids, drafter=broken, draft_length=4, max_new_tokens=40, eos_token_id=None,
+                           return_dict_in_generate=True)
+    assert bad.stats.acceptance_rate < 0.5, bad.stats.summary()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_output_with_an_int4_draft_is_the_targets(arch):
+    target = build(arch, seed=0, layers=3)
+    draft = int4_draft(build(arch, seed=5, layers=1))
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+    ref = hf_greedy(target, ids, 30, eos_token_id=None)
+    for kw in (dict(draft_length=3), dict(draft_length="adaptive"), dict(tree=specdec.TreeSpec.dynamic(nodes=10, depth=4, topk=3))):
+        out = specdec.generate(target, ids, drafter=draft, max_new_tokens=30, eos_token_id=None, **kw)
+        assert torch.equal(out, ref), (arch, kw)

@@ -17,11 +17,12 @@ from .zoo import cmd_zoo
 
 
 def _add_draft_dtype_arg(parser) -> None:
-    parser.add_argument("--draft-dtype", choices=("float32", "bfloat16", "int8"), default="int8",
+    parser.add_argument("--draft-dtype", choices=("float32", "bfloat16", "int8", "int4"), default="int8",
                         help="the draft model's dtype (the target stays float32). int8 (default): int8 weight-only "
                              "linears computing in bfloat16, a quarter of float32's bytes per draft step "
-                             "(specdec.int8_draft). A draft only proposes, so its precision never changes the "
-                             "output, only acceptance and speed")
+                             "(specdec.int8_draft); int4: 4-bit weights in groups of 32 (specdec.int4_draft), "
+                             "half int8's bytes, a little less acceptance. A draft only proposes, so its "
+                             "precision never changes the output, only acceptance and speed")
 
 
 def _add_sampling_args(parser) -> None:

@@ -7,18 +7,19 @@ from pathlib import Path
 def _load(spec: str, role: str, dtype: str = "float32"):
     """A model from a zoo name ('target', 'draft-wide'), a local directory or a hub id.
 
-    dtype 'int8' (drafts only): int8 weight-only linears computing in bfloat16 (specdec.quantize).
+    dtype 'int8' / 'int4' (drafts only): int8 / int4 weight-only linears computing in bfloat16
+    (specdec.quantize).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .. import zoo
 
-    if dtype == "int8":
-        from ..quantize import int8_draft
+    if dtype in ("int8", "int4"):
+        from ..quantize import int4_draft, int8_draft
 
         model, tok = _load(spec, role, "float32")
-        return int8_draft(model), tok
+        return (int8_draft if dtype == "int8" else int4_draft)(model), tok
     dtype = getattr(torch, dtype)
     if spec in zoo.names():
         return zoo.load(spec, dtype=dtype)

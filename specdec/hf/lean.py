@@ -36,11 +36,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
-from ..quantize import Int8Linear
+from ..quantize import QuantizedLinear
 from .cache import StepMeta
 from . import linear, packed as packed_path
 from .linear import weight_first_rows
-from .packed import PackedInt8Linear, PackedLinear, can_pack, can_pack_int8
+from .packed import PackedLinear, PackedQuantizedLinear, can_pack, can_pack_quantized
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -57,8 +57,8 @@ class _Lin:
 
     def __init__(self, m: nn.Module, short_blocks: bool, packed: bool):
         multiply = weight_first_rows if short_blocks else F.linear
-        if isinstance(m, Int8Linear):
-            self.forward = PackedInt8Linear(m) if packed and can_pack_int8(m) else m.forward_2d
+        if isinstance(m, QuantizedLinear):
+            self.forward = PackedQuantizedLinear(m) if packed and can_pack_quantized(m) else m.forward_2d
         elif type(m) is not nn.Linear:
             raise TypeError(f"unsupported linear {type(m).__name__}")
         elif packed and can_pack(m.weight):

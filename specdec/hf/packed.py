@@ -17,7 +17,9 @@ Measured on an Intel Xeon (Sapphire Rapids, 2 threads; benchmarks/results/linear
   for that prompt. A draft runs long blocks when it prefills the prompt and when it catches up on text it
   did not draft (after prompt lookup served a few steps, or a rejection): from `FROM_ROWS_INT8` rows those
   go through the weight dequantized once to bfloat16 and packed (a draft's numbers move only its
-  acceptance; the copy holds the draft's weights once more, in bfloat16).
+  acceptance; the copy holds the draft's weights once more, in bfloat16). An int4 draft's kernel stays
+  ahead for longer: SmolLM2-135M 13.6 ms for 1 token, 16.8 for 4, 22.7 for 8, 28.7 for 12, 35.2 for 13
+  against 27-31 ms packed, so from `FROM_ROWS_INT4` rows.
 
 The cost is memory: a packed copy of every weight that takes this path, beside the model's own (which
 HF's modules keep using), so the target's linear weights are held twice. `SPECDEC_PACKED_WEIGHTS=0`
@@ -32,8 +34,8 @@ another order), the same kind of difference as between HF's one-token and k-toke
 loop's probe (hf/lean.py) certifies its operation order with this path off, and the target's greedy
 output is checked against HF's own by the tests.
 
-Shapes: x [n, in] (the weight's dtype), weight [out, in], bias [out] or None -> [n, out]; an int8
-linear: x [n, in] -> [n, out] in bfloat16.
+Shapes: x [n, in] (the weight's dtype), weight [out, in], bias [out] or None -> [n, out]; an int8 or
+int4 linear: x [n, in] -> [n, out] in bfloat16.
 """
 from __future__ import annotations
 
@@ -44,13 +46,16 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..quantize import Int8Linear
+from ..quantize import Int4Linear, Int8Linear, QuantizedLinear
 from .cpu import cpu_vendor
 
 # the fewest rows a block needs to take the packed path, by weight dtype (other dtypes: never)
 FROM_ROWS = {torch.float32: 4, torch.bfloat16: 1}
-# the same for an int8 draft's linears (below it, the int8 kernel reads a quarter of the bytes)
+# the same for a quantized draft's linears (below it, the int8 / int4 kernel reads a quarter / an eighth of
+# the bytes), by its class
 FROM_ROWS_INT8 = 5
+FROM_ROWS_INT4 = 13
+FROM_ROWS_QUANTIZED = {Int8Linear: FROM_ROWS_INT8, Int4Linear: FROM_ROWS_INT4}
 
 
 def packed_rule(vendor: str, onednn: bool, override: str | None = None) -> bool:
@@ -73,7 +78,7 @@ def describe() -> str:
     if not PACKED:
         return "packed weights off"
     return ("packed weights: " + ", ".join(f"{str(d).removeprefix('torch.')} from {n} rows" for d, n in FROM_ROWS.items())
-            + f", int8 drafts from {FROM_ROWS_INT8} rows")
+            + f", int8 drafts from {FROM_ROWS_INT8} rows, int4 drafts from {FROM_ROWS_INT4} rows")
 
 
 def _onednn_can_hold(weight: torch.Tensor) -> bool:
@@ -86,7 +91,7 @@ def can_pack(weight: torch.Tensor) -> bool:
     return weight.dtype in FROM_ROWS and _onednn_can_hold(weight)
 
 
-# nn.Linear or Int8Linear -> (what the weight was when packed, the packed weight)
+# nn.Linear or QuantizedLinear -> (what the weight was when packed, the packed weight)
 _packed: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
 
 
@@ -110,20 +115,20 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
     return _cached(linear, (w,), lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
 
 
-def can_pack_int8(linear: Int8Linear) -> bool:
-    """Can this int8 linear's weight, dequantized to its activation dtype, take the packed path?"""
-    return linear.scale.dtype == torch.bfloat16 and _onednn_can_hold(linear.qweight)
+def can_pack_quantized(linear: QuantizedLinear) -> bool:
+    """Can this quantized linear's weight, dequantized to its activation dtype, take the packed path?"""
+    return (type(linear) in FROM_ROWS_QUANTIZED and linear.act_dtype == torch.bfloat16
+            and _onednn_can_hold(linear.qweight))
 
 
-def packed_dequantized(linear: Int8Linear) -> torch.Tensor:
-    """An int8 linear's weight, dequantized once to bfloat16 (q * scale) and packed; reused while
-    qweight and scale are unchanged."""
-    if not can_pack_int8(linear):
-        raise ValueError(f"only int8 linears computing in bfloat16 on a CPU with oneDNN are packed, got "
-                         f"{linear.scale.dtype} on {linear.qweight.device}")
-    q, s = linear.qweight, linear.scale
-    return _cached(linear, (q, s), lambda: torch.ops.mkldnn._reorder_linear_weight(
-        (q.float() * s.float()[:, None]).to(torch.bfloat16), None))
+def packed_dequantized(linear: QuantizedLinear) -> torch.Tensor:
+    """A quantized linear's weight, dequantized once to bfloat16 and packed; reused while its quantized
+    tensors are unchanged."""
+    if not can_pack_quantized(linear):
+        raise ValueError(f"only int8 / int4 linears computing in bfloat16 on a CPU with oneDNN are packed, got "
+                         f"{type(linear).__name__} in {linear.act_dtype} on {linear.qweight.device}")
+    return _cached(linear, linear.weight_state(),
+                   lambda: torch.ops.mkldnn._reorder_linear_weight(linear.dequantized(), None))
 
 
 class PackedLinear:
@@ -141,16 +146,18 @@ class PackedLinear:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 
-class PackedInt8Linear:
-    """An int8 draft's linear, x [n, in] -> [n, out] in bfloat16: blocks shorter than FROM_ROWS_INT8 rows
-    through its own int8 kernel, longer ones through its weight dequantized and packed."""
+class PackedQuantizedLinear:
+    """A quantized draft's linear, x [n, in] -> [n, out] in bfloat16: blocks shorter than its class's
+    FROM_ROWS_QUANTIZED rows through its own int8 / int4 kernel, longer ones through its weight
+    dequantized and packed."""
 
-    def __init__(self, linear: Int8Linear):
+    def __init__(self, linear: QuantizedLinear):
         self.linear = linear
         self.packed = packed_dequantized(linear)
+        self.from_rows = FROM_ROWS_QUANTIZED[type(linear)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] < FROM_ROWS_INT8:
+        if x.shape[0] < self.from_rows:
             return self.linear.forward_2d(x)
         x = x.to(torch.bfloat16).contiguous()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.linear.bias, "none", [], "")
