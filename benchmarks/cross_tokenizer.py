@@ -8,7 +8,8 @@ and the ratio to HF's best UAD on that prompt):
     at each --hf-k (constant schedule) and HF's default  ·  specdec plain (the runtime, nothing drafted) ·
     specdec text at each --spec-k · specdec text / intersection, adaptive; text modes at each
     --lookahead (draft tokens drafted past a proposal to tell its last target token complete) ·
-    with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive, and at each --spec-k)
+    with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive, and at each --spec-k),
+    and adaptive with the lookup continuing text mode's chains (LookupFirst(extend=True))
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
@@ -123,6 +124,8 @@ def main() -> None:
             modes[f"specdec text adaptive{named(la)}{tag}"] = timed(specdec.wrap(target, drafter=text(la)))
         if a.lookup_first:
             modes[f"specdec ngram+text adaptive{tag}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0))))
+            modes[f"specdec ngram+text adaptive, chains extended{tag}"] = timed(specdec.wrap(
+                target, drafter=LookupFirst(text(0), extend=True)))
             for k in a.spec_k:
                 modes[f"specdec ngram+text k={k}{tag}"] = timed(specdec.wrap(target, drafter=LookupFirst(text(0)),
                                                                              draft_length=k))

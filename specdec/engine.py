@@ -159,6 +159,7 @@ class Engine:
             max_draft = limits.max_new_tokens
         if self.tree is not None:
             max_draft = max(max_draft, self.tree.max_slots)
+        self._max_draft = max_draft  # the pool holds this many draft tokens past the sequence
         max_pos = max_positions_of(self.target)
         check_rope_span(self.target, T, limits.max_new_tokens)
         kept, self._kept = self._kept, None
@@ -265,16 +266,18 @@ class Engine:
         policy = self._plan_for(context)
         # a chain's length, or a tree's depth: the step emits at most that + 1 tokens
         budget = limits.max_new_tokens - (N - T) - 1
-        if self.tree is None:
-            budget = min(policy.next_length(), budget)
         if max_pos is not None:
             budget = min(budget, max_pos - N)
+        room = min(budget, self._max_draft)  # the most a chain may hold: free tokens past the plan (Draft.free_from)
+        if self.tree is None:
+            budget = min(policy.next_length(), budget)
         toks: list[int] = []
         par: list[int] = []
         node_scores: list[float] | None = None
         if budget > 0 and self.drafter is not None:
             ctx = DraftContext(tokens=context, sampling=sampling, generator=generator, process=pipeline,
-                               should_continue=None if self.tree is not None else policy.should_continue)
+                               should_continue=None if self.tree is not None else policy.should_continue,
+                               room=room if self.tree is None else 0)
             if self.tree is not None:
                 spec = self.tree.limited(budget)
                 nodes = spec.nodes if spec.kind == "static" else min(spec.nodes, policy.tree_budget(spec.nodes))
@@ -282,7 +285,7 @@ class Engine:
                                                              self.device)
             else:
                 draft = self.drafter.propose(ctx, budget)
-                toks, par, node_scores = check_draft(self.drafter, draft, budget, self.vocab_size)  # one read
+                toks, par, node_scores = check_draft(self.drafter, draft, budget, self.vocab_size, room)  # one read
         else:
             draft = Draft.empty(self.device)
         t1 = time.perf_counter()
@@ -322,7 +325,8 @@ class Engine:
         stats.record_step(n, m, depth=max(node_depth, default=0))
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
-        policy.observe(n, m, t1 - t0, t2 - t1, result.beta)
+        planned = n if draft.free_from is None else draft.free_from  # free tokens are not the plan's to learn from
+        policy.observe(planned, min(m, planned), t1 - t0, t2 - t1, result.beta)
         if n and node_scores is not None:  # per-rank acceptance
             on_path = set(result.path)
             order = sorted(range(n), key=lambda i: (-node_scores[i], i))

@@ -13,6 +13,7 @@ import specdec
 from specdec import TreeSpec
 from specdec.drafters import CrossTokenizerDrafter
 from specdec.drafters.vocab_map import VocabMap
+from specdec.policy import ConstantPolicy
 
 from conftest import hf_greedy, tiny_vocab_model
 from test_trees import SAMPLE_NEW, SAMPLE_PROMPT, SAMPLES, exact_joint, gof
@@ -142,22 +143,27 @@ class LossyQ(CrossTokenizerDrafter):
         return draft
 
 
-@pytest.mark.parametrize("cls, lossless, behind_lookup", [(CrossTokenizerDrafter, True, False), (LossyQ, False, False),
-                                                           (CrossTokenizerDrafter, True, True)],
-                         ids=["exact", "lossy control", "exact behind prompt lookup"])
-def test_sampling_through_the_intersection_follows_the_target(cls, lossless, behind_lookup):
+@pytest.mark.parametrize("cls, lossless, behind_lookup, mode",
+                         [(CrossTokenizerDrafter, True, False, "intersection"), (LossyQ, False, False, "intersection"),
+                          (CrossTokenizerDrafter, True, True, "intersection"), (CrossTokenizerDrafter, True, True, "text")],
+                         ids=["exact", "lossy control", "exact behind prompt lookup", "text mode behind prompt lookup"])
+def test_sampling_through_the_intersection_follows_the_target(cls, lossless, behind_lookup, mode):
     """Target over 'abcd', draft over 'dcbae' (other ids, one token the target lacks): the exact joint
     distribution of 4 sampled tokens is reproduced; the lossy control is caught. Behind prompt lookup
-    (drafters.LookupFirst, 1-token matches) the draft and the lookup take turns, still exact."""
+    (drafters.LookupFirst, 1-token matches) the draft and the lookup take turns, still exact; in text
+    mode (one-hot proposals) the lookup also continues the draft's chains past their plan."""
     from specdec.drafters import LookupFirst
 
     target = tiny_vocab_model(4, seed=0, scale=4.0)
     exact = exact_joint(target)
     drafter = cls(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"), char_tokenizer("abcd"),
-                  mode="intersection", min_shared=1)
+                  mode=mode, min_shared=1)
     if behind_lookup:
-        drafter = LookupFirst(drafter, min_match=1)
-    model = specdec.wrap(target, drafter=drafter, draft_length=2)
+        drafter = LookupFirst(drafter, min_match=1, extend=mode == "text")
+    if mode == "text":  # k = 1 planned and room for more (4 new tokens, the first from the prefill: room 2)
+        policy = ConstantPolicy(1)
+        policy.max_length = 3
+    model = specdec.wrap(target, drafter=drafter, draft_length=policy if mode == "text" else 2)
     counts = {}
     torch.manual_seed(1234)
     for _ in range(SAMPLES):
@@ -168,6 +174,8 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless, beh
     assert p > 1e-3 if lossless else p < 1e-6
     if behind_lookup:
         assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
+    if mode == "text":
+        assert drafter.extensions > 100
 
 
 @pytest.mark.parametrize("tree, lossy", [(None, False), (None, True), (TreeSpec.static([2, 1]), False)],

@@ -62,6 +62,97 @@ def test_the_lookup_proposes_where_the_context_repeats_and_the_drafter_elsewhere
     assert loose.propose(_ctx(ctx), 2).host.tokens == [7, 6]
 
 
+def test_a_drafters_chain_is_continued_by_the_lookup_where_its_end_matches():
+    """The drafter's chain [90, 91] makes the text end in "90 91", seen before: the lookup continues it
+    with what followed then, as free tokens (Draft.free_from) up to the step's room; not without room,
+    not with extend=False (the default), not for a sampled chain (its q rows stay its own)."""
+    prompt = [5, 90, 91, 92, 93, 94, 95, 6, 7, 8]
+    for extend, room, want in ((True, 6, [90, 91, 92, 93, 94, 95]), (True, 4, [90, 91, 92, 93]),
+                               (True, 2, [90, 91]), (True, 0, [90, 91]), (False, 6, [90, 91]), (None, 6, [90, 91])):
+        drafter = LookupFirst(Scripted(), min_match=2, **({} if extend is None else dict(extend=extend)))
+        drafter.begin(DraftSetup(table=None, prompt=torch.tensor(prompt)))
+        ctx = DraftContext(tokens=torch.tensor(prompt), sampling=SamplingParams(), room=room)
+        draft = drafter.propose(ctx, 2)
+        assert draft.host.tokens == want and draft.tokens.tolist() == want, (extend, room)
+        assert draft.free_from == (2 if len(want) > 2 else None) and drafter.extensions == (len(want) > 2)
+    no_match = LookupFirst(Scripted(), min_match=2, extend=True)
+    no_match.begin(DraftSetup(table=None, prompt=torch.tensor([5, 6, 7, 8])))
+    assert no_match.propose(DraftContext(tokens=torch.tensor([5, 6, 7, 8]), sampling=SamplingParams(), room=6),
+                            2).host.tokens == [90, 91]
+
+    class Sampled(Scripted):
+        def propose(self, ctx, budget):
+            draft = super().propose(ctx, budget)
+            draft.q_probs = torch.full((budget, 100), 0.01)
+            return draft
+
+    sampled = LookupFirst(Sampled(), min_match=2, extend=True)
+    sampled.begin(DraftSetup(table=None, prompt=torch.tensor(prompt)))
+    draft = sampled.propose(DraftContext(tokens=torch.tensor(prompt), sampling=SamplingParams(), room=6), 2)
+    assert len(draft) == 2 and draft.free_from is None
+
+
+def test_tokens_past_the_budget_must_be_free_deterministic_and_within_room():
+    from specdec.drafters.base import check_draft
+
+    def chain(n, free_from=None, q=False):
+        d = Draft.from_lists(list(range(n)), None, None, q_probs=torch.full((n, 10), 0.1) if q else None)
+        d.free_from = free_from
+        return d
+
+    assert check_draft("d", chain(5, free_from=2), 2, 10, room=6)[0] == [0, 1, 2, 3, 4]
+    for draft, room, match in ((chain(5), 6, "budget was 2$"), (chain(5, free_from=2), 4, "room 4"),
+                               (chain(5, free_from=3), 6, "free from 3"), (chain(5, free_from=2, q=True), 6, "free from 2")):
+        with pytest.raises(ValueError, match=match):
+            check_draft("d", draft, 2, 10, room=room)
+
+
+def test_the_engine_verifies_the_free_tokens_and_plans_from_the_drafters_own():
+    """Adaptive (room up to max_draft_length), every step the drafter's (an oracle of the target's greedy
+    text; the lookup only continues its chains): the target's greedy output, chains continued by the
+    lookup, and the policy told only the drafted part of each step: what it saw plus the free tokens is
+    what the stats count as drafted."""
+    from specdec.policy.adaptive import AdaptivePolicy as Adaptive
+
+    target = build("llama", seed=0, layers=3, scale=2.0)
+    base = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    ref = hf_greedy(target, base, 40, eos_token_id=None)  # the random target falls into a loop: matches
+
+    class Oracle(Scripted):
+        def propose(self, ctx, budget):
+            n = ctx.tokens.numel()
+            return Draft.from_lists(ref[0, n:n + budget].tolist(), None, ctx.tokens.device)
+
+    class ExtendOnly(LookupFirst):
+        free = 0
+
+        def lookup_serves(self, lookup, tokens, budget):
+            return False
+
+        def extended(self, ctx, draft):
+            out = super().extended(ctx, draft)
+            self.free += len(out) - len(draft)
+            return out
+
+    drafter = ExtendOnly(Oracle(), extend=True)
+    seen = []
+    observe = Adaptive.observe
+
+    def spy(self, k, n, *args, **kwargs):
+        seen.append(k)
+        return observe(self, k, n, *args, **kwargs)
+
+    Adaptive.observe = spy
+    try:
+        out = specdec.wrap(target, drafter=drafter).generate(base, max_new_tokens=40, eos_token_id=None,
+                                                             do_sample=False, return_dict_in_generate=True)
+    finally:
+        Adaptive.observe = observe
+    assert torch.equal(out.sequences, ref)
+    assert drafter.extensions > 0 and drafter.free > 0 and drafter.lookup_steps == 0
+    assert sum(seen) + drafter.free == out.stats.drafted_tokens
+
+
 @pytest.mark.parametrize("inner", ["model", "head", "early exit"])
 def test_greedy_output_equals_the_targets_own(inner):
     """Chains at a fixed k and adaptive, dynamic trees: the target's own greedy output, with both sources

@@ -256,3 +256,16 @@ def test_prompt_lookup_incremental_cost():
     for t in range(1, 51):
         d.propose(DraftContext(torch.cat([toks, torch.full((t,), 7)]), None), 4)
     assert d.index.ops - before == 3 * 50
+
+
+def test_lookup_after_continues_text_that_is_not_indexed():
+    """lookup_after: the suffix of context + extra (a draft's chain, never indexed) matched against the
+    context; the continuation may run on into extra; below min_n nothing."""
+    idx = NgramIndex(min_n=1, max_n=4)
+    idx.extend([1, 2, 3, 4])
+    assert idx.lookup_after([1, 2], 4, min_n=2) == [3, 4, 1, 2]  # "1 2" ended at 2: what followed, then extra
+    assert idx.lookup_after([3], 3, min_n=1) == [4, 3]  # "3" ended at 3
+    assert idx.lookup_after([4], 3, min_n=2) == []  # "4 4" never occurred, "4" alone is below min_n
+    assert idx.lookup_after([9, 9], 4, min_n=1) == []
+    assert idx.lookup_after([], 2, min_n=1) == idx.lookup(2)
+    assert len(idx) == 4  # nothing of extra was indexed

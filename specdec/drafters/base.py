@@ -50,6 +50,10 @@ class Draft:
              deterministic drafts.
     host:    the same tokens, parents and scores as lists (HostCopy) when the drafter has them on the host;
              Draft.from_lists builds both at once. Must agree with the tensors.
+    free_from: None, or the index of the first of a chain's tokens that cost the drafter nothing to propose
+             (a prompt lookup's continuation of the drafted text: drafters/lookup_first.py). Those may
+             run past the step's budget up to DraftContext.room, are deterministic (q_probs None), and
+             the policy plans from the tokens before them only.
     """
 
     tokens: torch.Tensor
@@ -60,6 +64,7 @@ class Draft:
     scores: torch.Tensor | None = None
     siblings_with_replacement: bool = False
     host: HostCopy | None = None
+    free_from: int | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.numel())
@@ -117,6 +122,8 @@ class DraftContext:
     process: (scores [r, V], context [T], paths) -> processed scores [r, V]: the SAME logits processing
              the target's rows get (a model drafter's q must be processed like p)
     should_continue: (position, draft_prob) -> bool, the policy's stop-early rule, or None (draft the budget)
+    room: the most tokens a chain may hold this step (>= the budget; 0 or the budget: no more): past its
+          budget a draft may only hold free tokens (Draft.free_from)
     """
 
     tokens: torch.Tensor
@@ -124,6 +131,7 @@ class DraftContext:
     generator: torch.Generator | None = None
     process: Callable | None = None
     should_continue: Callable[[int, float], bool] | None = None
+    room: int = 0
 
 
 @runtime_checkable
@@ -263,9 +271,11 @@ class SwitchingDrafter(Drafter, Protocol):
     def source(self, tokens: torch.Tensor) -> str: ...
 
 
-def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[int], list[int], list[float] | None]:
-    """The drafter contract: at most `budget` tokens, ids in [0, vocab), parents in topological order,
-    q rows [n, vocab]. A ValueError names the drafter and what it got wrong.
+def check_draft(drafter, draft: Draft, budget: int, vocab: int,
+                room: int = 0) -> tuple[list[int], list[int], list[float] | None]:
+    """The drafter contract: at most `budget` tokens (up to `room` if those past it are free: Draft.free_from),
+    ids in [0, vocab), parents in topological order, q rows [n, vocab]. A ValueError names the drafter and
+    what it got wrong.
 
     Returns the draft's tokens, parents and scores (None if it has none) as Python lists, from its
     HostCopy when it has one (no device read: every built-in drafter), else in one transfer from the
@@ -276,7 +286,11 @@ def check_draft(drafter, draft: Draft, budget: int, vocab: int) -> tuple[list[in
         raise ValueError(f"drafter {name} returned tokens {tuple(draft.tokens.shape)} and parents "
                          f"{tuple(draft.parents.shape)}: both must be [n]")
     if n > budget:
-        raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}")
+        free = draft.free_from
+        if free is None or n > room or draft.q_probs is not None or not 0 <= free <= budget:
+            raise ValueError(f"drafter {name} proposed {n} tokens where the budget was {budget}" + (
+                "" if free is None else f" (free from {free}, room {room}; tokens past the budget must be free "
+                                        "and deterministic)"))
     if draft.scores is not None and tuple(draft.scores.shape) != (n,):
         raise ValueError(f"drafter {name} returned scores {tuple(draft.scores.shape)}, expected [{n}]")
     if n == 0:

@@ -14,6 +14,15 @@ exact too. The wrapped drafter is told every accepted length (accept) either way
 tokens it skipped in its next proposal, as after any step (every built-in drafter does: a draft model
 and a head run their catch-up forward over whatever was committed since).
 
+Where the wrapped drafter proposed a deterministic chain and the text it ends in matches an n-gram of at
+least `min_match` tokens seen before, the lookup can continue the chain (`extend=True`; off by default):
+free tokens past the step's plan, up to the engine's room (DraftContext.room, Draft.free_from). A code
+edit often returns to copied text within the drafter's chain, which the next step's lookup would only
+propose after a verification; in bf16, where Qwen2.5-Coder verifies 16 tokens at the cost of one, it
+comes in the same verification. Measured (bf16 Qwen2.5-Coder, SmolLM2 in text mode, 6 code prompts):
+tau up in every run, tokens/s +5 %, +4 % and -6 % in three runs (bf16 outputs move with block lengths,
+so the runs do not decode the same text); float32 level. Not a measured win, so not the default.
+
 The wrapped drafter's capabilities pass through: its draft model (the engine switches that model's
 attention), the target features a head reads, its compatibility check, its per-row copies for batches.
 Trees: the lookup's branches where it matches, the drafter's tree elsewhere (a drafter without trees
@@ -34,9 +43,11 @@ class LookupFirst:
     """drafter: any Drafter (not a PromptLookup: that is the lookup already), or a draft model with the
     target's vocabulary (drafted with a ModelDrafter). min_match: the shortest suffix n-gram whose
     earlier occurrence is trusted (1 matches almost every token of a long answer, and a 1-token match
-    predicts poorly). lookup: the PromptLookup to use (default: n-grams of min_match to 4 tokens)."""
+    predicts poorly). lookup: the PromptLookup to use (default: n-grams of min_match to 4 tokens).
+    extend: continue the drafter's deterministic chains with the lookup where the chain's end matches
+    (free tokens past the step's plan, up to the engine's room: `extended`; off by default)."""
 
-    def __init__(self, drafter: Drafter, min_match: int = 2, lookup: PromptLookup | None = None):
+    def __init__(self, drafter: Drafter, min_match: int = 2, lookup: PromptLookup | None = None, extend: bool = False):
         if isinstance(drafter, PreTrainedModel):
             drafter = ModelDrafter(drafter)
         if not isinstance(drafter, Drafter) or isinstance(drafter, (PromptLookup, LookupFirst)):
@@ -48,9 +59,10 @@ class LookupFirst:
         if min_match > lookup.max_n:
             raise ValueError(f"min_match={min_match} is longer than the lookup's longest n-gram ({lookup.max_n}): "
                              "it would never match")
-        self.drafter, self.lookup, self.min_match = drafter, lookup, min_match
+        self.drafter, self.lookup, self.min_match, self.extend = drafter, lookup, min_match, bool(extend)
         self.deterministic = False
         self.lookup_steps = self.drafter_steps = 0  # which of the two proposed, counted per propose call
+        self.extensions = 0  # drafter chains the lookup continued (extend)
 
     # -- what the wrapped drafter brings ---------------------------------------------------------
     @property
@@ -79,7 +91,7 @@ class LookupFirst:
 
     def for_row(self) -> "LookupFirst | None":
         row = self.drafter.for_row() if isinstance(self.drafter, RowDrafter) else None
-        return None if row is None else LookupFirst(row, self.min_match, self.lookup.for_row())
+        return None if row is None else LookupFirst(row, self.min_match, self.lookup.for_row(), self.extend)
 
     # -- the Drafter protocol --------------------------------------------------------------------
     def begin(self, setup: DraftSetup) -> None:
@@ -108,7 +120,26 @@ class LookupFirst:
         self.drafter_steps += 1
         draft = self.drafter.propose(ctx, budget)
         self.deterministic = draft.q_probs is None
-        return draft
+        return self.extended(ctx, draft) if self.extend else draft
+
+    def extended(self, ctx: DraftContext, draft: Draft) -> Draft:
+        """The drafter's chain continued by the lookup where the context followed by the chain ends in an
+        n-gram of at least min_match tokens seen before: free tokens past the chain, up to ctx.room in all
+        (Draft.free_from). Deterministic chains only (one-hot q, as the lookup's own tokens are): a draft
+        that sampled its tokens keeps its q rows and is returned as it is."""
+        n = len(draft)
+        if n == 0 or ctx.room <= n or draft.q_probs is not None or draft.host is None:
+            return draft
+        chain = draft.host.tokens
+        if draft.host.parents != list(range(-1, n - 1)):
+            return draft
+        more = self.lookup.index_of(ctx.tokens).lookup_after(chain, ctx.room - n, self.min_match)
+        if not more:
+            return draft
+        self.extensions += 1
+        out = Draft.from_lists(chain + more, None, draft.tokens.device)
+        out.free_from = n
+        return out
 
     def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
         if self.lookup_serves(self.lookup, ctx.tokens, budget):

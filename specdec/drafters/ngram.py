@@ -88,6 +88,20 @@ class NgramIndex:
         _, ends = self.match()
         return self.tokens[ends[0]:ends[0] + k] if ends else []
 
+    def lookup_after(self, extra: list[int], k: int, min_n: int) -> list[int]:
+        """Up to k tokens that followed the most recent occurrence of the longest suffix n-gram (n >= min_n)
+        of the context followed by `extra` (tokens not indexed, e.g. a draft's own), or [] if none. The
+        suffix ends in `extra`, so every indexed occurrence is an earlier one; the continuation may run
+        on into `extra`. Worked example (min_n=2): context "a b c d", extra [a b] -> [c d a b] (k=4)."""
+        if not extra:
+            return self.lookup(k)
+        seq = self.tokens + list(extra)
+        for n in range(min(self.max_n, len(seq) - 1), max(min_n, self.min_n) - 1, -1):
+            ends = self._ends[n].get(tuple(seq[len(seq) - n:]))
+            if ends:
+                return seq[ends[-1]:ends[-1] + k]
+        return []
+
     def lookup_tree(self, k: int, max_branches: int) -> tuple[list[int], list[int]]:
         """A token tree of at most k nodes: one branch per distinct continuation of the longest match.
 
