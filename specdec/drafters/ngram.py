@@ -95,11 +95,13 @@ class NgramIndex:
         on into `extra`. Worked example (min_n=2): context "a b c d", extra [a b] -> [c d a b] (k=4)."""
         if not extra:
             return self.lookup(k)
-        seq = self.tokens + list(extra)
-        for n in range(min(self.max_n, len(seq) - 1), max(min_n, self.min_n) - 1, -1):
-            ends = self._ends[n].get(tuple(seq[len(seq) - n:]))
+        extra, T = list(extra), len(self.tokens)
+        tail = self.tokens[max(0, T - self.max_n):] + extra  # the suffix's tokens only: O(max_n + len(extra))
+        for n in range(min(self.max_n, T + len(extra) - 1), max(min_n, self.min_n) - 1, -1):
+            ends = self._ends[n].get(tuple(tail[len(tail) - n:]))
             if ends:
-                return seq[ends[-1]:ends[-1] + k]
+                end = ends[-1]  # <= T: the continuation starts in the context and may run on into extra
+                return (self.tokens[end:end + k] + extra)[:k] if end + k > T else self.tokens[end:end + k]
         return []
 
     def lookup_tree(self, k: int, max_branches: int) -> tuple[list[int], list[int]]:
