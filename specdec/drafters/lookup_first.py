@@ -20,8 +20,8 @@ free tokens past the step's plan, up to the engine's room (DraftContext.room, Dr
 edit often returns to copied text within the drafter's chain, which the next step's lookup would only
 propose after a verification; in bf16, where Qwen2.5-Coder verifies 16 tokens at the cost of one, it
 comes in the same verification. Measured (bf16 Qwen2.5-Coder, SmolLM2 in text mode, 6 code prompts):
-tau up in every run, tokens/s +5 %, +4 % and -6 % in three runs (bf16 outputs move with block lengths,
-so the runs do not decode the same text); float32 level. Not a measured win, so not the default.
+tau up in every run, tokens/s +5 %, +4 %, -6 % and +3 % in four runs (bf16 outputs move with block
+lengths, so the runs do not decode the same text); float32 level. Not a clear win, so not the default.
 
 The wrapped drafter's capabilities pass through: its draft model (the engine switches that model's
 attention), the target features a head reads, its compatibility check, its per-row copies for batches.
