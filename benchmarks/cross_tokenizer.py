@@ -102,6 +102,9 @@ def main() -> None:
 
     modes = {"target-only": hf()}
     modes["specdec plain"] = timed(specdec.wrap(target))  # the runtime alone: nothing drafted
+    def named(lookahead: int) -> str:
+        return "" if a.lookahead == [0] else f" look-ahead {lookahead}"
+
     quantizers = {"float32": lambda m: m, "int8": int8_draft, "int4": int4_draft}
     for dtype in a.draft_dtype:  # every mode once per draft dtype, HF's too
         draft = quantizers[dtype](base_draft)
@@ -113,9 +116,6 @@ def main() -> None:
 
         def text(lookahead: int, draft=draft) -> CrossTokenizerDrafter:
             return CrossTokenizerDrafter(draft, dtok, tok, mode="text", lookahead=lookahead)
-
-        def named(lookahead: int) -> str:
-            return "" if a.lookahead == [0] else f" look-ahead {lookahead}"
 
         for k in a.spec_k:
             for la in a.lookahead:

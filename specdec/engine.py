@@ -159,7 +159,6 @@ class Engine:
             max_draft = limits.max_new_tokens
         if self.tree is not None:
             max_draft = max(max_draft, self.tree.max_slots)
-        self._max_draft = max_draft  # the pool holds this many draft tokens past the sequence
         max_pos = max_positions_of(self.target)
         check_rope_span(self.target, T, limits.max_new_tokens)
         kept, self._kept = self._kept, None
@@ -225,7 +224,7 @@ class Engine:
                 t_decode = time.perf_counter()
                 while not done:
                     done = self._step(tokens, T, target, pipeline, sampling, limits, stats, generator, table,
-                                      streamer, max_pos)
+                                      streamer, max_pos, max_draft)
                 stats.decode_s = time.perf_counter() - t_decode
                 stats.total_s = time.perf_counter() - t_begin
                 stats.new_tokens = len(tokens) - T
@@ -258,7 +257,8 @@ class Engine:
         return self.policy
 
     def _step(self, tokens, T, target: ModelRunner, pipeline, sampling, limits, stats, generator, table,
-              streamer, max_pos) -> bool:
+              streamer, max_pos, max_draft: int) -> bool:
+        """One draft-verify step. max_draft: the draft tokens the page pool holds past the sequence."""
         N = len(tokens)
         L = N - 1  # the root's position; the target holds KV for [0, L)
         context = self._context[:N]  # the committed tokens on the device (a view; appended below)
@@ -268,7 +268,7 @@ class Engine:
         budget = limits.max_new_tokens - (N - T) - 1
         if max_pos is not None:
             budget = min(budget, max_pos - N)
-        room = min(budget, self._max_draft)  # the most a chain may hold: free tokens past the plan (Draft.free_from)
+        room = min(budget, max_draft)  # the most a chain may hold: free tokens past the plan (Draft.free_from)
         if self.tree is None:
             budget = min(policy.next_length(), budget)
         toks: list[int] = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from ..tree import is_chain
 from .base import (BatchDrafter, CheckedDrafter, Draft, DraftContext, DraftRows, DraftSetup, Drafter, FeatureDrafter,
                    FeatureRows, ModelBackedDrafter, RowDrafter, TreeDrafter)
 from .model import ModelDrafter
@@ -131,7 +132,7 @@ class LookupFirst:
         if n == 0 or ctx.room <= n or draft.q_probs is not None or draft.host is None:
             return draft
         chain = draft.host.tokens
-        if draft.host.parents != list(range(-1, n - 1)):
+        if not is_chain(draft.host.parents):
             return draft
         more = self.lookup.index_of(ctx.tokens).lookup_after(chain, ctx.room - n, self.min_match)
         if not more:

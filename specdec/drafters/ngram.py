@@ -93,8 +93,9 @@ class NgramIndex:
         of the context followed by `extra` (tokens not indexed, e.g. a draft's own), or [] if none. The
         suffix ends in `extra`, so every indexed occurrence is an earlier one; the continuation may run
         on into `extra`. Worked example (min_n=2): context "a b c d", extra [a b] -> [c d a b] (k=4)."""
-        if not extra:
-            return self.lookup(k)
+        if not extra:  # the suffix is the context's own: match() (its own occurrence left out)
+            n, ends = self.match()
+            return self.tokens[ends[0]:ends[0] + k] if n >= min_n and ends else []
         extra, T = list(extra), len(self.tokens)
         tail = self.tokens[max(0, T - self.max_n):] + extra  # the suffix's tokens only: O(max_n + len(extra))
         for n in range(min(self.max_n, T + len(extra) - 1), max(min_n, self.min_n) - 1, -1):
