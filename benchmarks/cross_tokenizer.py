@@ -9,13 +9,19 @@ and the ratio to HF's best UAD on that prompt):
     specdec text at each --spec-k · specdec text / intersection, adaptive; text modes at each
     --lookahead (draft tokens drafted past a proposal to tell its last target token complete) ·
     with --lookup-first: specdec prompt lookup alone and in front of text mode (adaptive, and at each --spec-k),
-    and adaptive with the lookup continuing text mode's chains (LookupFirst(extend=True))
+    and adaptive with the lookup continuing text mode's chains (LookupFirst(extend=True)) · with --tree (repeatable):
+    intersection and text mode with that dynamic tree (adaptive node budget), and with --lookup-first prompt
+    lookup in front of the text tree
 
 Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
 them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
 separately.
 
-    python benchmarks/cross_tokenizer.py [--num-prompts 2] [--max-new-tokens 128] [--out benchmarks/results/...]
+    python benchmarks/cross_tokenizer.py [--num-prompts 2] [--skip-prompts 0] [--max-new-tokens 128]
+        [--out benchmarks/results/...]
+
+--skip-prompts leaves out the first prompts of that order: a setting chosen on some prompts is reported on
+the others.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="smollm2-135m-instruct")
     ap.add_argument("--num-prompts", type=int, default=2)
+    ap.add_argument("--skip-prompts", type=int, default=0, help="start after this many prompts (of the alternating order)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
@@ -56,7 +63,7 @@ def main() -> None:
     ap.add_argument("--lookahead", type=int, nargs="+", default=[0],
                     help="text mode's look-ahead draft tokens (CrossTokenizerDrafter(lookahead=)); each is run")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
+    ap.add_argument("--tree", type=int, nargs=3, action="append", default=None, metavar=("NODES", "DEPTH", "TOPK"),
                     help="also run intersection mode with this dynamic tree (adaptive node budget)")
     ap.add_argument("--lookup-first", action="store_true",
                     help="also run prompt lookup alone and in front of text mode (drafters.LookupFirst), adaptive and at each --spec-k")
@@ -70,7 +77,10 @@ def main() -> None:
     base_draft, dtok = specdec.zoo.load(a.draft)
     n = a.max_new_tokens
     files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("code_write.jsonl", "code_edit.jsonl"))
-    prompts = load_prompts(tok, files, -(-a.num_prompts // 2), chat=True, alternate=True)[:a.num_prompts]
+    first = a.skip_prompts
+    prompts = load_prompts(tok, files, -(-(first + a.num_prompts) // 2), chat=True, alternate=True)[first:first + a.num_prompts]
+    if len(prompts) < a.num_prompts:
+        raise SystemExit(f"only {len(prompts)} prompts after skipping {first}: the two files alternate as far as the shorter goes")
 
     calls = [0]  # the target's forward calls during an HF mode: one per verification (the prompt's included)
     target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
@@ -132,12 +142,15 @@ def main() -> None:
         modes[f"specdec intersection adaptive{tag}"] = timed(specdec.wrap(
             target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection",
             lookup_first=False))
-        if a.tree:
-            nodes, depth, topk = a.tree
+        for nodes, depth, topk in a.tree or []:
             tree = specdec.TreeSpec.dynamic(nodes=nodes, depth=depth, topk=topk)
             modes[f"specdec intersection {tree!r} adaptive{tag}"] = timed(specdec.wrap(
                 target, drafter=draft, tokenizer=tok, assistant_tokenizer=dtok, cross_tokenizer="intersection",
                 tree=tree, lookup_first=False))
+            modes[f"specdec text {tree!r} adaptive{tag}"] = timed(specdec.wrap(target, drafter=text(0), tree=tree))
+            if a.lookup_first:
+                modes[f"specdec ngram+text {tree!r} adaptive{tag}"] = timed(specdec.wrap(
+                    target, drafter=LookupFirst(text(0)), tree=tree))
     if a.lookup_first:
         modes["specdec ngram adaptive"] = timed(specdec.wrap(target, drafter="ngram"))
     if a.only:
@@ -162,16 +175,18 @@ def main() -> None:
     base = statistics.mean(rows["target-only"]["tps"])
     best_hf = max((statistics.mean(r["tps"]) for name, r in rows.items() if name.startswith("HF UAD")), default=None)
     lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
-             f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts} --max-new-tokens {n} "
+             f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts}"
+             + (f" --skip-prompts {first}" if first else "") + f" --max-new-tokens {n} "
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
              + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [0] else "")
              + (f" --draft-dtype {' '.join(a.draft_dtype)}" if a.draft_dtype != ["float32"] else "")
              + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
-             + (f" --tree {' '.join(map(str, a.tree))}" if a.tree else "")
+             + "".join(f" --tree {' '.join(map(str, t))}" for t in a.tree or [])
              + (" --lookup-first" if a.lookup_first else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
              f"{a.target_dtype} target, {' / '.join(a.draft_dtype)} draft (the same for HF and specdec), greedy, "
-             f"{len(prompts)} code prompts (writing and editing, alternating), {n} new tokens, "
+             f"{len(prompts)} code prompts (writing and editing, alternating"
+             + (f", after the first {first}" if first else "") + f"), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up.", "",
              f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "
@@ -196,7 +211,7 @@ def main() -> None:
         lines.append(f"| {name} | {tps:.2f} | {tps / base:.2f}x | {vs_hf} | {acc} | {tau} | {used} | {pos} | {c} "
                      f"| {r['mismatch']} |")
     lines += ["", "Per prompt, tok/s (w: code writing, e: code editing) and the ratio to HF's best UAD on that prompt:", "",
-              "| mode | " + " | ".join(f"{i} ({'we'[i % 2]})" for i in range(len(prompts))) + " |",
+              "| mode | " + " | ".join(f"{first + i} ({'we'[(first + i) % 2]})" for i in range(len(prompts))) + " |",
               "|---|" + "---|" * len(prompts)]
     best_hf_each = [max((r["tps"][i] for name, r in rows.items() if name.startswith("HF UAD")), default=None)
                     for i in range(len(prompts))]

@@ -279,6 +279,15 @@ class TreeGrower:
         self._frontier = self._worth_expanding(new)
         return self._frontier
 
+    def restrict(self, keep: list[int]) -> list[int]:
+        """Expand only `keep` (a subset of the current frontier) next: the rest become leaves. A drafter
+        uses it for nodes it knows end the text (a draft's EOS). Returns the new frontier."""
+        kept = set(keep)
+        if not kept <= set(self._frontier):
+            raise ValueError(f"restrict keeps only frontier nodes; {sorted(kept - set(self._frontier))} are not")
+        self._frontier = [a for a in self._frontier if a in kept]
+        return self._frontier
+
     def _worth_expanding(self, nodes: list[int]) -> list[int]:
         """The nodes whose children can still be among the `budget` kept: rank (by (-score, id), as
         top_nodes orders) at most budget - 2. A child ranks after its parent and after everything ranked

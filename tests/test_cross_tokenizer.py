@@ -11,6 +11,7 @@ import torch
 
 import specdec
 from specdec import TreeSpec
+from specdec.tree import is_chain
 from specdec.drafters import CrossTokenizerDrafter
 from specdec.drafters.vocab_map import VocabMap
 from specdec.policy import ConstantPolicy
@@ -93,14 +94,23 @@ def test_a_permuted_copy_of_the_target_drafts_exactly_and_is_accepted(zoo_target
 
 @pytest.mark.parametrize("mode", ["intersection", "text"])
 def test_token_trees_across_tokenizers_give_the_targets_greedy_output(zoo_target, mode):
-    """A dynamic tree of 8 nodes: intersection mode grows it over the shared tokens (a permuted copy of the
-    target is accepted down the tree, about two tokens per step, as the same-vocabulary copy is); text mode
-    proposes its chain. Greedy output is the
-    target's either way and both page pools are given back."""
+    """A dynamic tree of 8 nodes: intersection mode grows it over the shared tokens, text mode in the
+    draft's vocabulary and re-encodes its leaves into one target-token trie (a permuted copy of the target
+    is accepted down the tree, about two tokens per step, as the same-vocabulary copy is). Greedy output is
+    the target's either way, the trees branch, and both page pools are given back."""
     target, tok = zoo_target
     draft, draft_tok = permuted_copy(target, tok, seed=0)
     drafter = CrossTokenizerDrafter(draft, draft_tok, tok, mode=mode)
     model = specdec.wrap(target, drafter=drafter, tree=TreeSpec.dynamic(nodes=8, depth=4, topk=2), draft_length=8)
+    branched = []
+    propose_tree = drafter.propose_tree
+
+    def watched(ctx, spec, budget):
+        draft = propose_tree(ctx, spec, budget)
+        branched.append(not is_chain(draft.host.parents))
+        return draft
+
+    drafter.propose_tree = watched
     for prompt in specdec.zoo.prompts(2):
         ids = tok(prompt, return_tensors="pt").input_ids
         out = model.generate(ids, max_new_tokens=NEW, eos_token_id=None, return_dict_in_generate=True)
@@ -108,14 +118,19 @@ def test_token_trees_across_tokenizers_give_the_targets_greedy_output(zoo_target
         # a wrong map, position or mask below the first level would accept next to nothing past depth 1
         assert out.stats.accepted_tokens / out.stats.target_forwards > 1.2, out.stats.summary()
         assert model.engine.pool.num_used == 0 and drafter.runner is None
+    assert sum(branched) > len(branched) // 2, branched  # trees, not chains
 
 
-@pytest.mark.parametrize("mode", ["intersection", "text", "auto"])
-def test_greedy_output_is_the_targets_with_a_really_different_tokenizer(zoo_target, mode):
+@pytest.mark.parametrize("mode, tree", [("intersection", None), ("text", None), ("auto", None),
+                                        ("text", TreeSpec.dynamic(nodes=10, depth=4, topk=3))],
+                         ids=["intersection", "text", "auto", "text tree"])
+def test_greedy_output_is_the_targets_with_a_really_different_tokenizer(zoo_target, mode, tree):
+    """Text trees: leaves whose text re-encodes across the look-behind window (SentencePiece spaces against
+    the zoo's byte-level pieces) are dropped or merged, never proposed wrong."""
     target, tok = zoo_target
     draft_tok = other_tokenizer(700)
     drafter = CrossTokenizerDrafter(tiny_llama(len(draft_tok), seed=1), draft_tok, tok, mode=mode, min_shared=64)
-    model = specdec.wrap(target, drafter=drafter, draft_length=3)
+    model = specdec.wrap(target, drafter=drafter, draft_length=3, tree=tree)
     for prompt in specdec.zoo.prompts(4)[2:]:
         ids = tok(prompt, return_tensors="pt").input_ids
         assert torch.equal(model.generate(ids, max_new_tokens=NEW, eos_token_id=None),
@@ -145,25 +160,37 @@ class LossyQ(CrossTokenizerDrafter):
 
 @pytest.mark.parametrize("cls, lossless, behind_lookup, mode",
                          [(CrossTokenizerDrafter, True, False, "intersection"), (LossyQ, False, False, "intersection"),
-                          (CrossTokenizerDrafter, True, True, "intersection"), (CrossTokenizerDrafter, True, True, "text")],
-                         ids=["exact", "lossy control", "exact behind prompt lookup", "text mode behind prompt lookup"])
+                          (CrossTokenizerDrafter, True, True, "intersection"), (CrossTokenizerDrafter, True, True, "text"),
+                          (CrossTokenizerDrafter, True, False, "text tree")],
+                         ids=["exact", "lossy control", "exact behind prompt lookup", "text mode behind prompt lookup",
+                              "text-mode trees"])
 def test_sampling_through_the_intersection_follows_the_target(cls, lossless, behind_lookup, mode):
     """Target over 'abcd', draft over 'dcbae' (other ids, one token the target lacks): the exact joint
     distribution of 4 sampled tokens is reproduced; the lossy control is caught. Behind prompt lookup
     (drafters.LookupFirst, 1-token matches) the draft and the lookup take turns, still exact; in text
-    mode (one-hot proposals) the lookup also continues the draft's chains past their plan."""
+    mode (one-hot proposals) the lookup also continues the draft's chains past their plan. Text-mode
+    trees (the draft's top 2 at each of 2 depths, re-encoded: 'e' becomes the target's unknown 'a') are
+    one-hot siblings: exact too."""
     from specdec.drafters import LookupFirst
 
     target = tiny_vocab_model(4, seed=0, scale=4.0)
     exact = exact_joint(target)
+    tree = TreeSpec.static([2, 2]) if mode == "text tree" else None
     drafter = cls(tiny_vocab_model(5, seed=7, scale=4.0), char_tokenizer("dcbae"), char_tokenizer("abcd"),
-                  mode=mode, min_shared=1)
+                  mode=mode.split()[0], min_shared=1)
     if behind_lookup:
         drafter = LookupFirst(drafter, min_match=1, extend=mode == "text")
     if mode == "text":  # k = 1 planned and room for more (4 new tokens, the first from the prefill: room 2)
         policy = ConstantPolicy(1)
         policy.max_length = 3
-    model = specdec.wrap(target, drafter=drafter, draft_length=policy if mode == "text" else 2)
+    if tree is not None:
+        model = specdec.wrap(target, drafter=drafter, tree=tree)
+    else:
+        model = specdec.wrap(target, drafter=drafter, draft_length=policy if mode == "text" else 2)
+    branched = []
+    if tree is not None:
+        propose_tree = drafter.propose_tree
+        drafter.propose_tree = lambda *a: branched.append(propose_tree(*a)) or branched[-1]
     counts = {}
     torch.manual_seed(1234)
     for _ in range(SAMPLES):
@@ -176,6 +203,8 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless, beh
         assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
     if mode == "text":
         assert drafter.extensions > 100
+    if tree is not None:  # siblings verified, not just chains
+        assert sum(not is_chain(d.host.parents) for d in branched) > SAMPLES // 2
 
 
 @pytest.mark.parametrize("tree, lossy", [(None, False), (None, True), (TreeSpec.static([2, 1]), False)],

@@ -14,6 +14,8 @@ The draft proposes in the target's ids one of two ways (`mode`):
   longer one. Off by default: on Qwen2.5-Coder with SmolLM2 (benchmarks/results/
   real_cross_tokenizer_lookahead.md) one look-ahead token lifted the last position's acceptance from
   0.60-0.67 to 0.89-0.94 but cost a draft forward per step, and every mode ran 2-8 % slower.
+  With `tree=` text mode grows the draft's tree in its own vocabulary (EAGLE-2 by path probability) and
+  proposes the trie of its leaves' re-encoded text (drafters/text_tree.py); one-hot siblings, exact.
 - "auto" (default): intersection when sampling and the two tokenizers cut the prompt's text alike (at
   least `min_agreement` of the target's tokens are also one draft token, vocab_map.span_agreement) with
   at least `min_shared` shared tokens; text otherwise. Greedy decoding always takes text: a restricted
@@ -41,6 +43,7 @@ from ..hf.runner import ModelRunner, max_positions_of
 from ..tree import TreeGrower, TreeSpec
 from .base import Draft, DraftContext, DraftSetup
 from .model import draft_chain, grow_tree, model_runner, vocab_size_of
+from .text_tree import draft_tree_spec, leaf_paths, merged_trie
 from .vocab_map import VocabMap, span_agreement
 
 MODES = ("auto", "intersection", "text")
@@ -92,6 +95,7 @@ class CrossTokenizerDrafter:
         self._agreement: float | None = None  # auto: the prompt's span agreement, read at the first propose
         self.lookbehind, self.lookahead, self.lean, self.page_size = lookbehind, int(lookahead), lean, page_size
         self.vocab: VocabMap | None = None
+        self.tree_draft_nodes = 2  # text trees: draft nodes grown per target node kept (text_tree.py)
         self.active = "intersection" if mode == "intersection" else "text"  # auto decides per generation
         self.deterministic = mode == "text"
         self.runner: ModelRunner | None = None
@@ -174,25 +178,37 @@ class CrossTokenizerDrafter:
         return self._propose_text(ctx, budget, committed, logits)
 
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
-        """Intersection mode: a token tree over the shared tokens, as ModelDrafter grows one (one catch-up,
-        then one forward per depth over the frontier, the nodes' draft KV scratch past the committed
-        ids; a shared token is one draft token, so a node's depth is the same in both vocabularies). Its
-        children are the processed target-id distribution's top tokens: deterministic, so lossless
-        greedy or sampled. Text mode's proposal is re-encoded text, a chain of at most spec.depth tokens."""
+        """A token tree of at most min(budget, spec.nodes) target tokens and spec.depth levels: one catch-up,
+        then one forward per depth over the frontier (the nodes' draft KV scratch past the committed ids).
+        Intersection mode grows it over the shared tokens, as ModelDrafter does (a shared token is one draft
+        token, so a node's depth is the same in both vocabularies): its children are the processed
+        target-id distribution's top tokens. Text mode grows it in the draft's vocabulary by the draft's
+        path probability and re-encodes each leaf's text into target tokens, merged into one trie
+        (drafters/text_tree.py). Deterministic either way: lossless greedy or sampled."""
         self._decide(ctx)
-        if self.active != "intersection":
-            return self.propose(ctx, min(budget, spec.depth))
         self.deterministic = True
         device = ctx.tokens.device
         grower = TreeGrower(spec, budget)
         if grower.budget <= 0:
             return Draft.empty(device)
-        vocab, tv = self.vocab, self.target_vocab
-        grow_tree(self.runner, grower, ctx, self._sync(ctx.tokens.tolist()), self.table.device,
-                  scores=lambda logits: vocab.target_scores(logits, tv),
-                  model_ids=lambda ids: vocab.to_draft[torch.tensor(ids, dtype=torch.long)].tolist())
+        committed = ctx.tokens.tolist()
+        logits = self._sync(committed)
+        if self.active == "intersection":
+            vocab, tv = self.vocab, self.target_vocab
+            grow_tree(self.runner, grower, ctx, logits, self.table.device,
+                      scores=lambda logits: vocab.target_scores(logits, tv),
+                      model_ids=lambda ids: vocab.to_draft[torch.tensor(ids, dtype=torch.long)].tolist())
+            toks, parents = grower.result()
+            return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
+        anchor, budget = self.ids[-1], grower.budget
+        grower = TreeGrower(draft_tree_spec(spec, budget, self.tree_draft_nodes), budget * self.tree_draft_nodes)
+        grow_tree(self.runner, grower, ctx, logits, self.table.device, processed=False,
+                  final_token=self.draft_tok.eos_token_id)
         toks, parents = grower.result()
-        return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
+        toks, parents, scores = merged_trie(
+            leaf_paths(toks, parents, grower.kept_scores),
+            lambda path: self._retokenized(committed, path, spec.depth, anchor), spec.depth, budget)
+        return Draft.from_lists(toks, parents, device, scores=scores)
 
     def accept(self, num_context_tokens: int) -> None:
         pass  # the next _sync rolls the draft back to the committed text, whatever was accepted

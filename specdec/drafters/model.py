@@ -21,21 +21,33 @@ from .base import Draft, DraftContext, DraftSetup
 
 
 def grow_tree(runner: ModelRunner, grower: TreeGrower, ctx: DraftContext, logits: torch.Tensor, device,
-              scores=lambda logits: logits, model_ids=lambda ids: ids) -> None:
+              scores=lambda logits: logits, model_ids=lambda ids: ids, processed: bool = True,
+              final_token: int | None = None) -> None:
     """The tree-growing loop one-sequence model drafters share: expand `grower` from the root's draft
     logits [1, V] (the catch-up's last row; the root sits at runner.valid - 1), then one forward_tree per
     further depth over the frontier, written as scratch past the runner's valid KV. scores: draft logits
     -> scores over the target's ids; model_ids: target ids -> the draft model's input ids (both the same
-    ids for a draft of the target's vocabulary; drafters/cross_tokenizer.py maps them)."""
-    frontier = grower.expand(probs_from_scores(ctx.process(scores(logits), ctx.tokens, [[]])))
+    ids for a draft of the target's vocabulary; drafters/cross_tokenizer.py maps them). processed=False:
+    the draft's own softmax, not the target's logits processors (a tree in the draft's vocabulary, which
+    the target's processors do not address). final_token: a token whose nodes are not expanded (EOS)."""
+    def probs(logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        if not processed:
+            return torch.softmax(scores(logits).float(), dim=-1)
+        return probs_from_scores(ctx.process(scores(logits), ctx.tokens, paths))
+
+    frontier = grower.expand(probs(logits, [[]]))
     root_pos = runner.valid - 1
     written: list[int] = []  # grower ids with KV in the scratch block, in block order
     while frontier and grower.level < grower.spec.depth:
+        if final_token is not None:
+            frontier = grower.restrict([a for a in frontier if grower.tokens[a] != final_token])
+            if not frontier:
+                break
         tokens = torch.tensor(model_ids([grower.tokens[a] for a in frontier]), dtype=torch.long, device=device)
         mask, paths = grower.frontier_block(frontier, written)
         block_pos = torch.tensor([root_pos + grower.depth[a] for a in written], device=device)
         logits = runner.forward_tree(tokens, block_pos, mask.to(device))
-        frontier = grower.expand(probs_from_scores(ctx.process(scores(logits), ctx.tokens, paths)))
+        frontier = grower.expand(probs(logits, paths))
 
 
 def draft_chain(ctx: DraftContext, budget: int, logits: torch.Tensor, advance) -> Draft:
