@@ -13,8 +13,8 @@ and the ratio to HF's best UAD on that prompt):
     intersection and text mode with that dynamic tree (adaptive node budget), and with --lookup-first prompt
     lookup in front of the text tree
 
-Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl, alternating (no training run or test uses
-them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
+Prompts: benchmarks/prompts/code_write.jsonl and code_edit.jsonl (or --prompt-files), alternating (no
+training run or test uses them), in the target's chat template. specdec's auto mode is text under greedy decoding, so it is not run
 separately.
 
     python benchmarks/cross_tokenizer.py [--num-prompts 2] [--skip-prompts 0] [--max-new-tokens 128]
@@ -51,6 +51,9 @@ def main() -> None:
     ap.add_argument("--draft", default="smollm2-135m-instruct")
     ap.add_argument("--num-prompts", type=int, default=2)
     ap.add_argument("--skip-prompts", type=int, default=0, help="start after this many prompts (of the alternating order)")
+    ap.add_argument("--prompt-files", nargs=2, default=["code_write.jsonl", "code_edit.jsonl"], metavar=("WRITING", "EDITING"),
+                    help="the two prompt files in benchmarks/prompts, alternated (code_write_2.jsonl code_edit_2.jsonl: "
+                         "a second set, written after the first was used to choose settings)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
@@ -76,7 +79,7 @@ def main() -> None:
         target = target.to(torch.bfloat16)
     base_draft, dtok = specdec.zoo.load(a.draft)
     n = a.max_new_tokens
-    files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in ("code_write.jsonl", "code_edit.jsonl"))
+    files = ",".join(str(ROOT / "benchmarks/prompts" / f) for f in a.prompt_files)
     first = a.skip_prompts
     prompts = load_prompts(tok, files, -(-(first + a.num_prompts) // 2), chat=True, alternate=True)[first:first + a.num_prompts]
     if len(prompts) < a.num_prompts:
@@ -176,7 +179,9 @@ def main() -> None:
     best_hf = max((statistics.mean(r["tps"]) for name, r in rows.items() if name.startswith("HF UAD")), default=None)
     lines = [f"# Drafting across tokenizers: {a.target} target, {a.draft} draft", "",
              f"`python benchmarks/cross_tokenizer.py --num-prompts {a.num_prompts}"
-             + (f" --skip-prompts {first}" if first else "") + f" --max-new-tokens {n} "
+             + (f" --skip-prompts {first}" if first else "")
+             + (f" --prompt-files {' '.join(a.prompt_files)}" if a.prompt_files != ap.get_default("prompt_files") else "")
+             + f" --max-new-tokens {n} "
              f"--hf-k {' '.join(map(str, a.hf_k))}" + (f" --spec-k {' '.join(map(str, a.spec_k))}" if a.spec_k else "")
              + (f" --lookahead {' '.join(map(str, a.lookahead))}" if a.lookahead != [0] else "")
              + (f" --draft-dtype {' '.join(a.draft_dtype)}" if a.draft_dtype != ["float32"] else "")

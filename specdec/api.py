@@ -253,8 +253,9 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     tokenizers with HF's keywords tokenizer= (the target's) and assistant_tokenizer= (the draft's), in
     cross_tokenizer mode 'auto', 'text' or 'intersection' (drafters/cross_tokenizer.py). lookup_first:
     prompt lookup in front of the drafter (drafters/lookup_first.py); 'auto' (default) for a draft model of
-    another vocabulary given with those keywords only, True for any drafter, False never. tree: None (draft a chain) or a specdec.TreeSpec (draft a
-    token tree of that shape each step; needs a drafter with propose_tree: a draft model or 'ngram'). With
+    another vocabulary given with those keywords only, True for any drafter, False never. tree: None (draft a
+    chain) or a specdec.TreeSpec (draft a token tree of that shape each step; needs a drafter with
+    propose_tree: a draft model, a feature head, 'ngram', a draft of another vocabulary in either mode). With
     a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
     and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`). max_kv_tokens:
     the KV budget in token positions (default: what the generation needs; page tensors grow with the

@@ -3,7 +3,7 @@ the grower's restrict(), with which a drafter stops expanding nodes that end the
 import pytest
 import torch
 
-from specdec.drafters.text_tree import draft_tree_spec, leaf_paths, merged_trie
+from specdec.drafters.text_tree import leaf_paths, merged_trie
 from specdec.tree import TreeGrower, TreeSpec, depth_list
 
 
@@ -32,13 +32,6 @@ def test_the_trie_is_cut_to_the_depth_and_the_budgets_best_nodes():
     assert max(depth_list(parents)) == 3 and len(tokens) == 3 + 2 + 1
     tokens, parents, scores = merged_trie(paths, lambda p: encode(p[0]), max_depth=3, budget=4)
     assert tokens == [1, 2, 3, 5] and parents == [-1, 0, 1, -1] and scores == [0.6, 0.6, 0.6, 0.3]
-
-
-def test_the_draft_tree_has_room_for_more_nodes_than_the_target_keeps():
-    assert draft_tree_spec(TreeSpec.dynamic(16, 8, 2), 16, 2) == TreeSpec.dynamic(30, 8, 2)  # 2 + 7 * 4 at most
-    assert draft_tree_spec(TreeSpec.dynamic(16, 8, 3), 5, 2) == TreeSpec.dynamic(10, 8, 3)
-    static = TreeSpec.static([2, 2])
-    assert draft_tree_spec(static, 6, 2) is static
 
 
 def test_restrict_keeps_only_the_named_frontier_nodes():

@@ -43,7 +43,7 @@ from ..hf.runner import ModelRunner, max_positions_of
 from ..tree import TreeGrower, TreeSpec
 from .base import Draft, DraftContext, DraftSetup
 from .model import draft_chain, grow_tree, model_runner, vocab_size_of
-from .text_tree import draft_tree_spec, leaf_paths, merged_trie
+from .text_tree import leaf_paths, merged_trie
 from .vocab_map import VocabMap, span_agreement
 
 MODES = ("auto", "intersection", "text")
@@ -95,7 +95,6 @@ class CrossTokenizerDrafter:
         self._agreement: float | None = None  # auto: the prompt's span agreement, read at the first propose
         self.lookbehind, self.lookahead, self.lean, self.page_size = lookbehind, int(lookahead), lean, page_size
         self.vocab: VocabMap | None = None
-        self.tree_draft_nodes = 2  # text trees: draft nodes grown per target node kept (text_tree.py)
         self.active = "intersection" if mode == "intersection" else "text"  # auto decides per generation
         self.deterministic = mode == "text"
         self.runner: ModelRunner | None = None
@@ -200,14 +199,13 @@ class CrossTokenizerDrafter:
                       model_ids=lambda ids: vocab.to_draft[torch.tensor(ids, dtype=torch.long)].tolist())
             toks, parents = grower.result()
             return Draft.from_lists(toks, parents, device, scores=grower.kept_scores)
-        anchor, budget = self.ids[-1], grower.budget
-        grower = TreeGrower(draft_tree_spec(spec, budget, self.tree_draft_nodes), budget * self.tree_draft_nodes)
+        anchor = self.ids[-1]
         grow_tree(self.runner, grower, ctx, logits, self.table.device, processed=False,
                   final_token=self.draft_tok.eos_token_id)
         toks, parents = grower.result()
         toks, parents, scores = merged_trie(
             leaf_paths(toks, parents, grower.kept_scores),
-            lambda path: self._retokenized(committed, path, spec.depth, anchor), spec.depth, budget)
+            lambda path: self._retokenized(committed, path, spec.depth, anchor), spec.depth, grower.budget)
         return Draft.from_lists(toks, parents, device, scores=scores)
 
     def accept(self, num_context_tokens: int) -> None:
