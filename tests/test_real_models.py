@@ -146,17 +146,20 @@ def test_a_padded_gemma3_batch_of_four_rows_gives_every_row_its_own_greedy_outpu
         assert torch.equal(out.sequences[i, ids.shape[1]:ids.shape[1] + want.numel()], want), i
 
 
-@pytest.mark.parametrize("mode", ["intersection", "text"])
-def test_smollm2_drafts_for_gemma3_across_tokenizers(smollm2, gemma3, mode):
+@pytest.mark.parametrize("mode, tree", [("intersection", None), ("text", None), ("text", "tree")],
+                         ids=["intersection", "text", "text tree"])
+def test_smollm2_drafts_for_gemma3_across_tokenizers(smollm2, gemma3, mode, tree):
     """Two vocabularies (49152 byte-level BPE ids, 262144 SentencePiece ids): Gemma 3's own greedy output,
-    with SmolLM2's drafts accepted (the shared-token map and the text re-encoding both work on real pairs)."""
+    with SmolLM2's drafts accepted (the shared-token map and the text re-encoding both work on real pairs;
+    text trees: the draft's tree re-encoded leaf by leaf into one trie of Gemma tokens)."""
     draft, draft_tok = smollm2
     target, tok = gemma3
     ids = _prompt(target, tok)
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    shape = dict(tree=specdec.TreeSpec.dynamic(nodes=8, depth=4, topk=2), draft_length=6) if tree else dict(draft_length=3)
     out = specdec.generate(target, ids, drafter=draft, tokenizer=tok, assistant_tokenizer=draft_tok,
-                           cross_tokenizer=mode, lookup_first=False, draft_length=3, max_new_tokens=NEW,
-                           return_dict_in_generate=True)
+                           cross_tokenizer=mode, lookup_first=False, max_new_tokens=NEW,
+                           return_dict_in_generate=True, **shape)
     assert torch.equal(out.sequences, ref), tok.decode(out.sequences[0, ids.shape[1]:])
     assert out.stats.accepted_tokens > 0, out.stats.summary()
 
