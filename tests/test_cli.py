@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 
 from specdec.cli import main
 
@@ -19,6 +20,15 @@ def test_demo_with_ngram_drafter_and_sampling(capsys):
           "--temperature", "0.8", "--threads", "1"])
     out = capsys.readouterr().out
     assert "sampling" in out and "speedup x" in out
+
+
+def test_demo_drafts_a_tree_and_bad_shapes_are_named(capsys):
+    main(["demo", "--target", "target", "--drafter", "draft-small", "--tree", "6", "3", "2", "--max-new-tokens", "16",
+          "--repeats", "1", "--no-stream", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "tree TreeSpec.dynamic(nodes=6, depth=3, topk=2)" in out and "identical to target-only greedy: yes" in out
+    with pytest.raises(SystemExit, match="nodes=40 is more than"):
+        main(["demo", "--target", "target", "--drafter", "draft-small", "--tree", "40", "3", "2", "--repeats", "1"])
 
 
 def test_zoo_list_names_every_model(capsys):

@@ -56,6 +56,9 @@ def main(argv=None) -> None:
                                                          "directory or hub id")
     d.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
     d.add_argument("--draft-length", default="adaptive", help="an integer, 'adaptive' or 'heuristic'")
+    d.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
+                   help="draft a dynamic token tree of at most NODES nodes, DEPTH deep, TOPK wide (TreeSpec.dynamic; "
+                        "adaptive node budget), e.g. 12 6 2 for a draft of another tokenizer in bfloat16")
     # the zoo target loops on most text after ~60 tokens; its held-out prompt and length stay clear of it
     d.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"default {DEMO_REAL_NEW_TOKENS} ({DEMO_NEW_TOKENS} for the zoo target)")

@@ -26,6 +26,7 @@ def cmd_demo(a) -> None:
     from . import DEMO_NEW_TOKENS, DEMO_REAL_NEW_TOKENS
 
     torch.set_num_threads(a.threads)
+    tree = specdec.TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
     target, tok = _load(a.target, "target")
     drafter = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
     zoo_target = a.target == "target"
@@ -39,7 +40,7 @@ def cmd_demo(a) -> None:
     else:
         ids = tok(prompt, return_tensors="pt").input_ids
     draft_length = a.draft_length if a.draft_length in ("adaptive", "heuristic") else int(a.draft_length)
-    model = specdec.wrap(target, drafter=drafter, draft_length=draft_length)
+    model = specdec.wrap(target, drafter=drafter, draft_length=draft_length, tree=tree)
     kw = dict(max_new_tokens=new_tokens, **_sampling_kwargs(a))
     # warm up both paths (first calls pay one-off costs), then alternate target-only and specdec
     target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
@@ -67,7 +68,8 @@ def cmd_demo(a) -> None:
     runs_draft_model = isinstance(inner, (PreTrainedModel, ModelDrafter, CrossTokenizerDrafter))
     name = f"{a.drafter} ({a.draft_dtype})" if runs_draft_model else a.drafter
     print("\n" + "-" * 72)
-    print(f"target {a.target}  drafter {name}  draft_length {a.draft_length}  "
+    shape = f"tree {tree!r}  " if tree else ""
+    print(f"target {a.target}  drafter {name}  draft_length {a.draft_length}  {shape}"
           f"{'sampling' if a.do_sample else 'greedy'}  ({a.repeats} runs each, alternating; medians)")
     print(f"  target only (HF generate): {base_tps:7.1f} tokens/s")
     print(f"  specdec                  : {spec_tps:7.1f} tokens/s   speedup x{spec_tps / base_tps:.2f}")
