@@ -66,6 +66,23 @@ def other_tokenizer(vocab_size: int):
                                    clean_up_tokenization_spaces=False)
 
 
+def watch_trees(drafter) -> list:
+    """Every Draft the drafter's propose_tree returns from now on, in a list (the drafter is patched)."""
+    drafts, propose_tree = [], drafter.propose_tree
+
+    def recorded(ctx, spec, budget):
+        drafts.append(propose_tree(ctx, spec, budget))
+        return drafts[-1]
+
+    drafter.propose_tree = recorded
+    return drafts
+
+
+def branching(drafts: list) -> int:
+    """How many of the drafts are trees with a branch (not chains)."""
+    return sum(not is_chain(d.host.parents) for d in drafts)
+
+
 def tiny_llama(vocab: int, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -102,15 +119,7 @@ def test_token_trees_across_tokenizers_give_the_targets_greedy_output(zoo_target
     draft, draft_tok = permuted_copy(target, tok, seed=0)
     drafter = CrossTokenizerDrafter(draft, draft_tok, tok, mode=mode)
     model = specdec.wrap(target, drafter=drafter, tree=TreeSpec.dynamic(nodes=8, depth=4, topk=2), draft_length=8)
-    branched = []
-    propose_tree = drafter.propose_tree
-
-    def watched(ctx, spec, budget):
-        draft = propose_tree(ctx, spec, budget)
-        branched.append(not is_chain(draft.host.parents))
-        return draft
-
-    drafter.propose_tree = watched
+    trees = watch_trees(drafter)
     for prompt in specdec.zoo.prompts(2):
         ids = tok(prompt, return_tensors="pt").input_ids
         out = model.generate(ids, max_new_tokens=NEW, eos_token_id=None, return_dict_in_generate=True)
@@ -118,7 +127,7 @@ def test_token_trees_across_tokenizers_give_the_targets_greedy_output(zoo_target
         # a wrong map, position or mask below the first level would accept next to nothing past depth 1
         assert out.stats.accepted_tokens / out.stats.target_forwards > 1.2, out.stats.summary()
         assert model.engine.pool.num_used == 0 and drafter.runner is None
-    assert sum(branched) > len(branched) // 2, branched  # trees, not chains
+    assert branching(trees) > len(trees) // 2, len(trees)  # trees, not chains
 
 
 @pytest.mark.parametrize("mode, tree", [("intersection", None), ("text", None), ("auto", None),
@@ -187,10 +196,7 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless, beh
         model = specdec.wrap(target, drafter=drafter, tree=tree)
     else:
         model = specdec.wrap(target, drafter=drafter, draft_length=policy if mode == "text" else 2)
-    branched = []
-    if tree is not None:
-        propose_tree = drafter.propose_tree
-        drafter.propose_tree = lambda *a: branched.append(propose_tree(*a)) or branched[-1]
+    trees = watch_trees(drafter) if tree is not None else []
     counts = {}
     torch.manual_seed(1234)
     for _ in range(SAMPLES):
@@ -204,7 +210,7 @@ def test_sampling_through_the_intersection_follows_the_target(cls, lossless, beh
     if mode == "text":
         assert drafter.extensions > 100
     if tree is not None:  # siblings verified, not just chains
-        assert sum(not is_chain(d.host.parents) for d in branched) > SAMPLES // 2
+        assert branching(trees) > SAMPLES // 2
 
 
 @pytest.mark.parametrize("tree, lossy", [(None, False), (None, True), (TreeSpec.static([2, 1]), False)],

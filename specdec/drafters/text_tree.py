@@ -49,7 +49,8 @@ def merged_trie(paths: list[tuple[list[int], float]], encode: Callable[[list[int
                 tokens.append(t)
                 parents.append(node)
                 best.append(score)
-            best[nxt] = max(best[nxt], score)
+            else:
+                best[nxt] = max(best[nxt], score)
             node = nxt
     keep = top_nodes(parents, best, budget)
     return [tokens[i] for i in keep], subtree_parents(parents, keep), [best[i] for i in keep]
