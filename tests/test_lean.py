@@ -6,9 +6,10 @@ import specdec
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.drafters.model import ModelDrafter
 from specdec.hf.attention import specdec_attention
-from specdec.hf.lean import LeanRunner
+from specdec.hf.cache import StepMeta
+from specdec.hf.lean import LeanRunner, rope, rotate_half
 from specdec.hf.runner import ModelRunner
-from specdec.quantize import int8_draft
+from specdec.quantize import int4_draft, int8_draft
 
 from conftest import VOCAB, build, hf_greedy
 
@@ -230,3 +231,56 @@ def test_longrope_past_its_switch_is_refused_and_exact_on_either_side():
     assert torch.equal(model_s.generate(short, max_new_tokens=20, eos_token_id=None),
                        model.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=20,
                                       do_sample=False, eos_token_id=None))
+
+
+def _tree_logits(runner, model, tokens):
+    """A prefill, a single token, then a two-depth tree block (siblings, earlier nodes in the block)."""
+    pos = torch.tensor([13, 13, 14, 14, 14])
+    masks = [torch.tensor([[1, 0], [0, 1]], dtype=torch.bool),
+             torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 0, 0, 0, 1]], dtype=torch.bool)]
+    with specdec_attention(model):
+        rows = [runner.forward(tokens[:12], logits_rows=None), runner.forward(tokens[12:13], logits_rows=1),
+                runner.forward_tree(tokens[13:15], pos[:2], masks[0]), runner.forward_tree(tokens[15:18], pos, masks[1])]
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_drafts_fused_loop_keeps_the_hf_modules_tokens(arch):
+    """A draft's runner (for_model without exact) joins a quantized draft's q/k/v and gate/up into one
+    product each and uses torch's RMSNorm: the HF modules' logits to rounding and the same greedy tokens,
+    for single tokens and tree blocks; a target's runner (exact) stays op for op."""
+    model = int4_draft(build(arch, seed=1, scale=3.0))
+    tokens = torch.randint(3, VOCAB, (18,), generator=torch.Generator().manual_seed(4))
+    pool = PagePool(8, 4)
+    ref = _tree_logits(ModelRunner(model, pool, BlockTable(pool)), model, tokens)
+    pool = PagePool(8, 4)
+    runner = LeanRunner.for_model(model, pool, BlockTable(pool))
+    assert runner.fused and runner.layers[0].qkv is not None and runner.layers[0].q is None
+    got = _tree_logits(runner, model, tokens)
+    assert torch.allclose(got, ref, atol=5e-2 * ref.abs().max(), rtol=0) and torch.equal(got.argmax(-1), ref.argmax(-1))
+    exact = LeanRunner.for_model(build(arch, seed=1), pool, BlockTable(pool), exact=True)
+    assert not exact.fused and exact.layers[0].qkv is None
+
+
+def test_rope_in_four_ops_is_hfs_bit_for_bit():
+    x = torch.randn(2, 4, 5, 8)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    signed = torch.cat((-sin[:, :4], sin[:, 4:]), dim=-1)
+    for dtype in (torch.float32, torch.bfloat16):
+        a, c, s, ss = (t.to(dtype) for t in (x, cos, sin, signed))
+        assert torch.equal(rope(a, c, ss), a * c + rotate_half(a) * s)
+
+
+def test_only_a_lone_token_seeing_every_key_skips_the_mask():
+    def meta(tree_mask, **kw):
+        n = tree_mask.shape[0]
+        return StepMeta(prefix_len=6, write_slots=torch.arange(n), read_slots=torch.arange(6 + tree_mask.shape[1]),
+                        tree_mask=tree_mask, q_pos=torch.arange(6, 6 + n), **kw)
+
+    one = torch.ones(1, 1, dtype=torch.bool)
+    assert meta(one).unmasked(None)
+    assert not meta(one).unmasked(4)  # a sliding window may hide the prefix
+    assert not meta(torch.tensor([[1, 0, 1]], dtype=torch.bool)).unmasked(None)  # earlier tree nodes
+    assert not meta(torch.tril(torch.ones(2, 2, dtype=torch.bool))).unmasked(None)
+    packed = meta(one, full_mask=torch.tensor([[1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert not packed.unmasked(None)

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import specdec
-from specdec.quantize import Int4Linear, Int8Linear, int4_draft, int8_draft
+from specdec.quantize import Int4Linear, Int8Linear, int4_draft, int8_draft, joined
 
 from conftest import VOCAB, build, hf_greedy
 
@@ -169,3 +169,46 @@ def test_greedy_output_with_an_int4_draft_is_the_targets(arch):
     for kw in (dict(draft_length=3), dict(draft_length="adaptive"), dict(tree=specdec.TreeSpec.dynamic(nodes=10, depth=4, topk=3))):
         out = specdec.generate(target, ids, drafter=draft, max_new_tokens=30, eos_token_id=None, **kw)
         assert torch.equal(out, ref), (arch, kw)
+
+
+def _parts(kind: str, outs: tuple[int, ...], bias: bool, seed: int = 0) -> list:
+    torch.manual_seed(seed)
+    linears = [nn.Linear(64, o, bias=bias) for o in outs]
+    if kind == "int4":
+        return [Int4Linear(lin, 32) for lin in linears]
+    return [Int8Linear(lin, torch.bfloat16, fused=True) for lin in linears]
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_joined_linears_give_each_parts_numbers_side_by_side_bit_for_bit(kind, bias):
+    """q/k/v-like parts (96, 32, 32 outputs: the int4 kernel's layout blocks output rows, so packed parts
+    cannot simply be stacked) and the bound forward: every column the part's own sums, for 1 to 13 rows."""
+    parts = _parts(kind, (96, 32, 32), bias)
+    whole = joined(parts)
+    assert type(whole) is type(parts[0]) and whole.out_features == 160 and whole.fused
+    assert joined(parts) is whole  # built once
+    assert torch.equal(whole.dequantized(), torch.cat([p.dequantized() for p in parts]))
+    for rows in (1, 4, 13):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        side_by_side = torch.cat([p.forward_2d(x) for p in parts], dim=1)
+        assert torch.equal(whole.forward_2d(x), side_by_side)
+        assert torch.equal(whole.bound_forward()(x), side_by_side)
+        assert all(torch.equal(p.bound_forward()(x), p.forward_2d(x)) for p in parts)
+
+
+def test_linears_that_cannot_join_are_refused_and_a_changed_part_joins_again():
+    int4, int8 = _parts("int4", (64, 32), False), _parts("int8", (64, 32), False)
+    assert joined([int4[0], int8[1]]) is None  # two kernels
+    assert joined([int4[0], _parts("int4", (32,), True)[0]]) is None  # a bias on one part only
+    assert joined([nn.Linear(64, 32), nn.Linear(64, 32)]) is None  # not quantized
+    unfused = _parts("int8", (64, 32), False)
+    unfused[1].fused = False
+    assert joined(unfused) is None
+    first = joined(int4)
+    with torch.no_grad():
+        int4[1].scale.mul_(2)  # a part's weights changed in place
+    again = joined(int4)
+    assert again is not first
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    assert torch.equal(again.forward_2d(x), torch.cat([p.forward_2d(x) for p in int4], dim=1))

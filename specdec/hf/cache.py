@@ -83,6 +83,11 @@ class StepMeta:
         """[m + n] positions of the tree block's keys."""
         return self.q_pos if self.block_pos is None else self.block_pos
 
+    def unmasked(self, sliding_window: int | None) -> bool:
+        """Does the mask_for(sliding_window) let every query see every key? (One new token after the prefix,
+        no earlier block nodes, no window; a packed batch never.)"""
+        return self.full_mask is None and tuple(self.tree_mask.shape) == (1, 1) and not sliding_window
+
     def mask_for(self, sliding_window: int | None) -> torch.Tensor:
         """[n, prefix_len + m + n] bool; built once per forward per window size."""
         key = sliding_window or 0

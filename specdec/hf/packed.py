@@ -152,12 +152,12 @@ class PackedQuantizedLinear:
     dequantized and packed."""
 
     def __init__(self, linear: QuantizedLinear):
-        self.linear = linear
+        self.linear, self.short = linear, linear.bound_forward()
         self.packed = packed_dequantized(linear)
         self.from_rows = FROM_ROWS_QUANTIZED[type(linear)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < self.from_rows:
-            return self.linear.forward_2d(x)
+            return self.short(x)
         x = x.to(torch.bfloat16).contiguous()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.linear.bias, "none", [], "")
