@@ -71,10 +71,10 @@ def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.T
 
 
 class _Layer:
-    """fused (LeanRunner's): torch's RMSNorm, and q/k/v and gate/up of a quantized draft as one product each
-    where they join (quantize.joined):
-    qkv [n, in] -> [n, (Hq + 2 Hkv) * D] and gate_up -> [n, 2 I] (gate's I columns first), with q, k, v,
-    gate, up None; else qkv and gate_up are None."""
+    """One decoder layer's forwards, bound once. fused (LeanRunner's): torch's RMSNorm, and q/k/v and
+    gate/up of a quantized draft as one product each where they join (quantize.joined): qkv [n, H] ->
+    [n, (Hq + 2 Hkv) * D] and gate_up [n, H] -> [n, 2 I] (gate's I columns first), with q, k, v, gate and
+    up None; else qkv and gate_up are None."""
 
     def __init__(self, layer, short_blocks: bool, packed: bool, fused: bool = False):
         attn, mlp = layer.self_attn, layer.mlp
@@ -127,8 +127,8 @@ class LeanRunner(ModelRunner):
     where this machine's rule says so (hf/packed.py); True wherever torch can; False never. Both False:
     every block through F.linear, as HF's modules do (the probe's setting). fused (a draft's runner, whose
     numbers only move acceptance): a quantized draft's q/k/v and gate/up as one product each, torch's one-op
-    RMSNorm, and no mask where a lone new token sees every key: the same math in other rounding, an int4
-    SmolLM2-135M draft token 15.9 -> 11.5 ms (2 threads)."""
+    RMSNorm, and no mask where a lone new token sees every key: the same math in other rounding (module
+    docstring)."""
 
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
                  short_blocks: bool | None = None, packed: bool | None = None, fused: bool = False):
