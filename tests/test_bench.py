@@ -121,3 +121,15 @@ def test_the_whole_sets_throughput_weighs_every_prompts_tokens():
     row = summarise(results, [2], True)["modes"]["specdec ngram"]
     assert row["speedup"] == 1.0
     assert abs(row["total_speedup"] - 30 / 2.25 / 10) < 1e-12
+
+
+@pytest.mark.parametrize("drafter", ["draft-tiny", "ngram"])
+def test_bench_runs_a_tree_mode_when_given_one(tmp_path, drafter):
+    out = tmp_path / "bench"
+    main(["bench", "--drafter", drafter, "--num-prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--k", "2",
+          "--no-hf", "--head", "none", "--tree", "6", "3", "2", "--out", str(out), "--threads", "1"])
+    modes = json.loads(out.with_suffix(".json").read_text())["modes"]
+    name = "specdec tree" if drafter == "draft-tiny" else "specdec ngram tree"
+    assert modes[name]["tokens_per_s"] > 0 and modes[name]["mismatches"] == 0
+    with pytest.raises(SystemExit, match="nodes=40 is more than"):
+        main(["bench", "--drafter", drafter, "--tree", "40", "3", "2", "--out", str(out)])

@@ -122,3 +122,30 @@ def test_the_demos_request_is_listed_with_the_benchmark_prompts_so_no_head_train
     listed = Path(__file__).parents[1] / "benchmarks" / "prompts" / "demo.jsonl"
     assert json.loads(listed.read_text().splitlines()[0])["prompt"] == DEMO_REQUEST
     assert _shingles(DEMO_REQUEST) <= benchmark_shingles()
+
+
+def test_chat_drafts_a_tree_and_answers_as_the_target_alone(monkeypatch, capsys):
+    import io
+
+    import specdec
+    from specdec.chat import ChatSession
+    from specdec.cli import chat as chat_cli
+
+    trees = []
+
+    class Watched(ChatSession):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            trees.append(self.model.engine.tree)
+
+    monkeypatch.setattr(chat_cli, "ChatSession", Watched)
+    monkeypatch.setattr("sys.stdin", io.StringIO("The river\n"))
+    main(["chat", "--target", "target", "--drafter", "draft-small", "--tree", "6", "3", "2", "--max-new-tokens", "12",
+          "--threads", "1", "--no-status"])
+    answer = capsys.readouterr().out
+    assert trees == [specdec.TreeSpec.dynamic(6, 3, 2)]
+    target, tok = specdec.zoo.load("target")
+    plain = ChatSession(target, tok, warm_up=False).send("The river\n", max_new_tokens=12)
+    assert plain.strip() and plain.strip() in answer
+    with pytest.raises(SystemExit, match="nodes=40 is more than"):
+        main(["chat", "--target", "target", "--tree", "40", "3", "2"])

@@ -25,6 +25,13 @@ def _add_draft_dtype_arg(parser) -> None:
                              "precision never changes the output, only acceptance and speed")
 
 
+def _add_tree_arg(parser) -> None:
+    parser.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
+                        help="draft a dynamic token tree of at most NODES nodes, DEPTH deep, TOPK wide "
+                             "(TreeSpec.dynamic; adaptive node budget), e.g. 12 6 2 for a draft of another "
+                             "tokenizer in bfloat16")
+
+
 def _add_sampling_args(parser) -> None:
     """HF sampling settings, read back by _sampling_kwargs (greedy unless --do-sample)."""
     parser.add_argument("--do-sample", action="store_true")
@@ -56,9 +63,7 @@ def main(argv=None) -> None:
                                                          "directory or hub id")
     d.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
     d.add_argument("--draft-length", default="adaptive", help="an integer, 'adaptive' or 'heuristic'")
-    d.add_argument("--tree", type=int, nargs=3, default=None, metavar=("NODES", "DEPTH", "TOPK"),
-                   help="draft a dynamic token tree of at most NODES nodes, DEPTH deep, TOPK wide (TreeSpec.dynamic; "
-                        "adaptive node budget), e.g. 12 6 2 for a draft of another tokenizer in bfloat16")
+    _add_tree_arg(d)
     # the zoo target loops on most text after ~60 tokens; its held-out prompt and length stay clear of it
     d.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"default {DEMO_REAL_NEW_TOKENS} ({DEMO_NEW_TOKENS} for the zoo target)")
@@ -89,6 +94,7 @@ def main(argv=None) -> None:
                    help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best) or 'none'")
     b.add_argument("--head", default="auto", help="feature-head modes: a shipped head, 'head:DIR', 'none', or 'auto' "
                                                   "(the shipped head for the target, if any)")
+    _add_tree_arg(b)
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
     _add_sampling_args(b)
@@ -113,6 +119,7 @@ def main(argv=None) -> None:
     ch.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
     ch.add_argument("--system", default=None)
     ch.add_argument("--max-new-tokens", type=int, default=128)
+    _add_tree_arg(ch)
     ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
     ch.add_argument("--threads", type=int, default=2)
     _add_sampling_args(ch)

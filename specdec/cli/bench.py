@@ -69,7 +69,8 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
                 head=None) -> dict:
     """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
     the best of them), prompt lookup at the largest. With no draft model the n-gram drafter runs at each k
-    too; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k); a
+    too; tree (a TreeSpec) adds `specdec tree` (the draft model's dynamic tree) or, with no draft model,
+    `specdec ngram tree`; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k); a
     feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, as a dynamic tree, and
     behind prompt lookup (drafters.LookupFirst, adaptive)."""
     import copy
@@ -105,6 +106,8 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
         for kk in ks:
             modes[f"specdec ngram k={kk}"] = _spec_mode(specdec.wrap(target, drafter="ngram", draft_length=kk), n)
     modes["specdec ngram"] = _spec_mode(specdec.wrap(target, drafter="ngram"), n)
+    if draft is None and tree is not None:
+        modes["specdec ngram tree"] = _spec_mode(specdec.wrap(target, drafter="ngram", tree=tree), n)
     if head is not None:
         for kk in ks:
             modes[f"specdec head k={kk}"] = _spec_mode(specdec.wrap(target, drafter=head, draft_length=kk), n)

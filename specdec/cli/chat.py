@@ -12,13 +12,16 @@ from .models import _drafter_arg, _load, _sampling_kwargs
 def cmd_chat(a) -> None:
     import torch
 
+    from ..tree import TreeSpec
+
     torch.set_num_threads(a.threads)
+    tree = TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
     target, tok = _load(a.target, "target")
     if not a.no_status:
         print("(warming up: the first generation's one-off setup, before the first answer)", file=sys.stderr,
               flush=True)
     session = ChatSession(target, tok, drafter=_drafter_arg(a.drafter, tok, a.draft_dtype, target),
-                          system=a.system)
+                          system=a.system, tree=tree)
     chat_loop(session, dict(max_new_tokens=a.max_new_tokens, **_sampling_kwargs(a)), status=not a.no_status)
 
 

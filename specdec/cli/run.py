@@ -90,7 +90,10 @@ def cmd_bench(a) -> None:
     from ..hf.linear import machine
     from .bench import load_prompts, run_bench, to_markdown
 
+    from ..tree import TreeSpec
+
     torch.set_num_threads(a.threads)
+    tree = TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
     target, tok = _load(a.target, "target")
     if a.drafter.startswith("early-exit:"):
         raise SystemExit("specdec: bench runs early exit as a mode of its own: pass --early-exit LAYER (or auto)")
@@ -108,7 +111,7 @@ def cmd_bench(a) -> None:
     head_name = zoo.head_for(a.target) if a.head == "auto" else None if a.head == "none" else a.head
     head = _drafter_arg(head_name, tok, target=target) if head_name else None
     report = run_bench(target, None if draft == "ngram" else draft, prompts, a.max_new_tokens, a.k, a.repeats,
-                       _sampling_kwargs(a), include_hf=not a.no_hf, exit_layer=exit_layer, head=head)
+                       _sampling_kwargs(a), tree=tree, include_hf=not a.no_hf, exit_layer=exit_layer, head=head)
     report.update(target=a.target, drafter=a.drafter, draft_dtype=a.draft_dtype, prompts=a.prompts or "zoo held-out",
                   num_prompts=len(prompts), new_tokens=a.max_new_tokens, repeats=a.repeats, chat_template=chat,
                   exit_layer_choice=exit_rows, head=head_name)
