@@ -343,14 +343,17 @@ def test_auto_drafts_by_intersection_only_when_sampling_with_tokenizers_that_cut
 
 
 @pytest.mark.parametrize("mode, tree", [("intersection", None), ("text", None),
-                                        ("intersection", TreeSpec.dynamic(nodes=6, depth=3, topk=2))])
+                                        ("intersection", TreeSpec.dynamic(nodes=6, depth=3, topk=2)),
+                                        ("text", TreeSpec.dynamic(nodes=6, depth=3, topk=2))])
 def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_target_forward(monkeypatch, zoo_target,
                                                                                           mode, tree):
     """Three prompts in one batch: every row equals its own greedy generation and keeps its own draft
     history (a shared history would be rejected: acceptance would fall to ~0); every drafting row runs in
     each draft forward (chains: a sync, then one per further token, text mode's look-ahead token
-    included; trees: one per depth), and both page pools are given back."""
+    included; trees: one per depth, text rows' trees grown in the draft's ids and re-encoded, branching),
+    and both page pools are given back."""
     import specdec.batch as batch_mod
+    from specdec.drafters.cross_rows import CrossTokenizerRows
     from specdec.hf.batch_runner import BatchRunner
 
     target, tok = zoo_target
@@ -369,9 +372,14 @@ def test_a_left_padded_batch_drafts_across_tokenizers_in_one_draft_and_one_targe
         return forward(self, rows)
 
     monkeypatch.setattr(BatchRunner, "forward", counted)
+    trees, propose_trees = [], CrossTokenizerRows.propose_trees
+    monkeypatch.setattr(CrossTokenizerRows, "propose_trees", lambda self, requests: trees.extend(
+        propose_trees(self, requests)) or trees[-len(requests):])
     out = model.generate(enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=NEW, eos_token_id=None,
                          return_dict_in_generate=True)
     monkeypatch.undo()
+    if tree is not None:
+        assert branching(trees) > len(trees) // 3, len(trees)  # trees, not chains
     for i, text in enumerate(texts):
         ids = tok(text, return_tensors="pt").input_ids
         assert torch.equal(out.sequences[i, enc.input_ids.shape[1]:], hf_greedy(target, ids, NEW, eos_token_id=None)[0, ids.shape[1]:])

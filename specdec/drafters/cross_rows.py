@@ -8,8 +8,9 @@ drafting row in one forward (each rolls its draft KV back to the longest prefix 
 committed text re-encoded, and runs the rest), then runs one forward per further draft position over
 the rows still drafting: text rows take the draft's argmax in its own ids and re-encode the text at the
 end; intersection rows pick over the shared tokens in target ids (processed like the target's rows; q
-kept when sampling). Intersection trees grow one depth per forward (ModelRows' loop, through the
-vocabulary map); a text row's tree is its chain. No prefill at begin: a row's first proposal catches
+kept when sampling). Trees grow one depth per forward (ModelRows' loop): intersection rows through the
+vocabulary map, text rows in the draft's vocabulary, their leaves re-encoded and merged into a trie as
+CrossTokenizerDrafter does for one sequence. No prefill at begin: a row's first proposal catches
 up, so a row the planner never drafts for never costs a draft forward.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from ..cache.pool import BlockTable, PagePool, common_prefix
 from ..hf.batch_runner import BatchRunner, RowForward
 from ..hf.runner import max_positions_of
+from ..tree import TreeGrower
 from .base import Draft, DraftContext, DraftSetup
 from .model_rows import ModelRows, chain_drafts, pick_rows
 
@@ -69,8 +71,10 @@ class CrossTokenizerRows(ModelRows):
     def _scores(self, i: int, logits: torch.Tensor) -> torch.Tensor:
         return self.drafter.vocab.target_scores(logits, self.drafter.target_vocab)
 
-    def _model_ids(self, i: int, target_ids: list[int]) -> list[int]:
-        return self.drafter.vocab.to_draft[torch.tensor(target_ids, dtype=torch.long)].tolist()
+    def _model_ids(self, i: int, tree_ids: list[int]) -> list[int]:
+        if self.active[i] == "text":  # a text row's tree is in the draft's ids already
+            return tree_ids
+        return self.drafter.vocab.to_draft[torch.tensor(tree_ids, dtype=torch.long)].tolist()
 
     def propose(self, requests: list[tuple[int, DraftContext, int]]) -> list[Draft]:
         live = [(i, ctx, k) for i, ctx, k in requests if k > 0]
@@ -112,17 +116,31 @@ class CrossTokenizerRows(ModelRows):
         return drafts
 
     def propose_trees(self, requests: list) -> list[Draft]:
-        """Intersection rows grow their trees together (ModelRows' loop); a text row's tree is its chain
-        of at most the spec's depth."""
-        shared = [r for r in requests if self._mode(r[0], r[1]) == "intersection"]
-        text = [(i, ctx, min(budget, spec.depth)) for i, ctx, spec, budget in requests
-                if self.active[i] == "text"]
-        got = {}
-        if shared:
-            got.update(zip([r[0] for r in shared], super().propose_trees(shared)))
-        if text:
-            got.update(zip([r[0] for r in text], self.propose(text)))
-        return [got[r[0]] for r in requests]
+        """Every row's tree grows in one forward per depth (ModelRows' loop): intersection rows over the
+        shared tokens in target ids, text rows in the draft's own vocabulary by its path probability (no
+        node past the draft's EOS expanded), each text row's leaves then re-encoded into target tokens and
+        merged into one trie (CrossTokenizerDrafter.text_tree)."""
+        for i, ctx, _, _ in requests:
+            self._mode(i, ctx)
+        return super().propose_trees(requests)
+
+    def _probs(self, i: int, ctx: DraftContext, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        if self.active[i] == "text":  # the draft's own softmax: the target's processors do not address its ids
+            return torch.softmax(logits.float(), dim=-1)
+        return super()._probs(i, ctx, logits, paths)
+
+    def _expandable(self, i: int, grower: TreeGrower, frontier: list[int]) -> list[int]:
+        eos = self.drafter.draft_tok.eos_token_id
+        if self.active[i] != "text" or eos is None:
+            return frontier
+        return grower.restrict([a for a in frontier if grower.tokens[a] != eos])
+
+    def _tree_drafts(self, requests: list, growers: dict) -> list[Draft]:
+        drafts = super()._tree_drafts(requests, growers)
+        for j, (i, ctx, _, _) in enumerate(requests):
+            if self.active[i] == "text" and growers[i].budget > 0:
+                drafts[j] = self.drafter.text_tree(ctx.tokens.tolist(), growers[i], self.ids[i][-1], ctx.tokens.device)
+        return drafts
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         pass  # the next sync rolls the row's draft back to its committed text, whatever was accepted

@@ -202,10 +202,17 @@ class CrossTokenizerDrafter:
         anchor = self.ids[-1]
         grow_tree(self.runner, grower, ctx, logits, self.table.device, processed=False,
                   final_token=self.draft_tok.eos_token_id)
+        return self.text_tree(committed, grower, anchor, device)
+
+    def text_tree(self, committed: list[int], grower: TreeGrower, anchor: int, device) -> Draft:
+        """Text mode's tree from a grown draft-token tree: each kept leaf's text after the committed target
+        tokens re-encoded into target tokens (as a chain is; anchor: the committed text's last draft id),
+        merged into one trie of at most the grower's budget and its spec's depth (drafters/text_tree.py)."""
         toks, parents = grower.result()
+        depth = grower.spec.depth
         toks, parents, scores = merged_trie(
             leaf_paths(toks, parents, grower.kept_scores),
-            lambda path: self._retokenized(committed, path, spec.depth, anchor), spec.depth, grower.budget)
+            lambda path: self._retokenized(committed, path, depth, anchor), depth, grower.budget)
         return Draft.from_lists(toks, parents, device, scores=scores)
 
     def accept(self, num_context_tokens: int) -> None:

@@ -99,7 +99,7 @@ class ModelRows:
         if live:
             logits = self.runner.forward([self._catch_up(i, ctx) for i, ctx in live])
             for (i, ctx), lg in zip(live, logits):
-                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(self._scores(i, lg), ctx.tokens, [[]])))
+                frontier[i] = self._expandable(i, growers[i], growers[i].expand(self._probs(i, ctx, lg, [[]])))
         while True:
             growing = [(i, ctx) for i, ctx in live if frontier[i] and growers[i].level < growers[i].spec.depth]
             if not growing:
@@ -117,9 +117,8 @@ class ModelRows:
                     to_device([root + g.depth[a] for a in frontier[i]], torch.long, device), mask.to(device),
                     block_pos=to_device([root + g.depth[a] for a in block], torch.long, device)))
             for (i, ctx), lg in zip(growing, self.runner.forward(forwards)):
-                frontier[i] = growers[i].expand(probs_from_scores(ctx.process(self._scores(i, lg), ctx.tokens,
-                                                                              paths[i])))
-        return tree_drafts(requests, growers)
+                frontier[i] = self._expandable(i, growers[i], growers[i].expand(self._probs(i, ctx, lg, paths[i])))
+        return self._tree_drafts(requests, growers)
 
     # what a draft of another vocabulary changes (drafters/cross_rows.py) ----------------------------
     def _catch_up(self, i: int, ctx: DraftContext) -> RowForward:
@@ -135,6 +134,18 @@ class ModelRows:
     def _model_ids(self, i: int, target_ids: list[int]) -> list[int]:
         """Tree tokens (target ids) as the draft model's input ids (the same ids here)."""
         return target_ids
+
+    def _probs(self, i: int, ctx: DraftContext, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """Row i's tree: the next-token probabilities [r, V] of its frontier nodes (tokens on `paths`) from
+        their draft logits, processed like the target's rows."""
+        return probs_from_scores(ctx.process(self._scores(i, logits), ctx.tokens, paths))
+
+    def _expandable(self, i: int, grower: TreeGrower, frontier: list[int]) -> list[int]:
+        """Row i's tree: which of the new frontier nodes to expand (all here)."""
+        return frontier
+
+    def _tree_drafts(self, requests: list, growers: dict) -> list[Draft]:
+        return tree_drafts(requests, growers)
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.valid[row] = min(self.valid[row], num_context_tokens - 1)
