@@ -136,6 +136,7 @@ class Int8Linear(QuantizedLinear):
         m.register_buffer("scale", torch.cat([p.scale for p in parts]))
         return m
 
+
 class Int4Linear(QuantizedLinear):
     """y = x @ W.T + bias with W[o, i] = q[o, i] * scale[g, o] + low[g, o] for the group g = i // group_size:
     q in 0..15 (two per byte in `qweight` [out, in / 2], the even input in the low nibble), scale and low

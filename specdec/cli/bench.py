@@ -70,9 +70,9 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
     """k: one draft length or several; HF assisted and specdec's fixed-k mode run at each (best setting =
     the best of them), prompt lookup at the largest. With no draft model the n-gram drafter runs at each k
     too; tree (a TreeSpec) adds `specdec tree` (the draft model's dynamic tree) or, with no draft model,
-    `specdec ngram tree`; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft, adaptive k); a
-    feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, as a dynamic tree, and
-    behind prompt lookup (drafters.LookupFirst, adaptive)."""
+    `specdec ngram tree`; exit_layer adds `specdec early exit` (the target's first exit_layer layers draft,
+    adaptive k); a feature head (drafters.FeatureHead) adds `specdec head` at each k, adaptive, as a dynamic
+    tree, and behind prompt lookup (drafters.LookupFirst, adaptive)."""
     import copy
 
     import specdec

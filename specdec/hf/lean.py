@@ -82,7 +82,8 @@ class _Layer:
         qkv, gate_up = (joined([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None,
                         joined([mlp.gate_proj, mlp.up_proj]) if fused else None)
         self.qkv, self.gate_up = lin(qkv), lin(gate_up)
-        self.q, self.k, self.v = (None, None, None) if qkv else (lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        self.q, self.k, self.v = ((None, None, None) if qkv else
+                                  (lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
         self.gate, self.up = (None, None) if gate_up else (lin(mlp.gate_proj), lin(mlp.up_proj))
         self.inter = mlp.gate_proj.out_features
         self.o, self.down = lin(attn.o_proj), lin(mlp.down_proj)
