@@ -53,7 +53,8 @@ def main() -> None:
     ap.add_argument("--skip-prompts", type=int, default=0, help="start after this many prompts (of the alternating order)")
     ap.add_argument("--prompt-files", nargs=2, default=["code_write.jsonl", "code_edit.jsonl"], metavar=("WRITING", "EDITING"),
                     help="the two prompt files in benchmarks/prompts, alternated (code_write_2.jsonl code_edit_2.jsonl: "
-                         "a second set, written after the first was used to choose settings)")
+                         "a second set, written after the first was used to choose settings; code_write_3.jsonl "
+                         "code_edit_3.jsonl: a third, written in session 35 and run without any tuning on it)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-k", type=int, nargs="*", default=[4])
     ap.add_argument("--spec-k", type=int, nargs="*", default=[], help="also run text mode at these fixed k")
