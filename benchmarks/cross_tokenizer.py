@@ -226,7 +226,8 @@ def main() -> None:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     md = "\n".join(lines) + "\n"
     print(md)
-    write_text(Path(a.out + ".md"), md)
+    out = Path(a.out)
+    write_text(out if out.suffix == ".md" else out.parent / (out.name + ".md"), md)  # X or X.md -> X.md
 
 
 if __name__ == "__main__":
