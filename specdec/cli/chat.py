@@ -6,16 +6,14 @@ import sys
 
 from ..cache.pool import PoolExhausted
 from ..chat import ChatSession
-from .models import _drafter_arg, _load, _sampling_kwargs
+from .models import _drafter_arg, _load, _sampling_kwargs, _tree_spec
 
 
 def cmd_chat(a) -> None:
     import torch
 
-    from ..tree import TreeSpec
-
     torch.set_num_threads(a.threads)
-    tree = TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
+    tree = _tree_spec(a)
     target, tok = _load(a.target, "target")
     if not a.no_status:
         print("(warming up: the first generation's one-off setup, before the first answer)", file=sys.stderr,

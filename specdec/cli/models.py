@@ -36,6 +36,14 @@ def _sampling_kwargs(a) -> dict:
     return {"do_sample": True, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p}
 
 
+def _tree_spec(a):
+    """--tree NODES DEPTH TOPK as a dynamic TreeSpec (None without it); a bad shape fails here, before any
+    model loads."""
+    from ..tree import TreeSpec
+
+    return TreeSpec.dynamic(*a.tree) if a.tree else None
+
+
 def _default_drafter(target: str, command: str = "demo") -> str:
     """'auto': the zoo target drafts with draft-wide; a real model with a shipped head (SmolLM2) with prompt
     lookup in front of the head in demo and chat (measured: the highest tau and the lowest time per token

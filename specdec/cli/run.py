@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..files import write_text
-from .models import _drafter_arg, _load, _sampling_kwargs
+from .models import _drafter_arg, _load, _sampling_kwargs, _tree_spec
 
 # the demo's request to a real chat model (also in benchmarks/prompts/demo.jsonl, so the head trainer's
 # prompt filter keeps it out of training; no five-word run of it is in the shipped head's prompts)
@@ -26,7 +26,7 @@ def cmd_demo(a) -> None:
     from . import DEMO_NEW_TOKENS, DEMO_REAL_NEW_TOKENS
 
     torch.set_num_threads(a.threads)
-    tree = specdec.TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
+    tree = _tree_spec(a)
     target, tok = _load(a.target, "target")
     drafter = _drafter_arg(a.drafter, tok, a.draft_dtype, target)
     zoo_target = a.target == "target"
@@ -90,10 +90,8 @@ def cmd_bench(a) -> None:
     from ..hf.linear import machine
     from .bench import load_prompts, run_bench, to_markdown
 
-    from ..tree import TreeSpec
-
     torch.set_num_threads(a.threads)
-    tree = TreeSpec.dynamic(*a.tree) if a.tree else None  # a bad shape fails before any loading
+    tree = _tree_spec(a)
     target, tok = _load(a.target, "target")
     if a.drafter.startswith("early-exit:"):
         raise SystemExit("specdec: bench runs early exit as a mode of its own: pass --early-exit LAYER (or auto)")

@@ -135,12 +135,10 @@ class CrossTokenizerRows(ModelRows):
             return frontier
         return grower.restrict([a for a in frontier if grower.tokens[a] != eos])
 
-    def _tree_drafts(self, requests: list, growers: dict) -> list[Draft]:
-        drafts = super()._tree_drafts(requests, growers)
-        for j, (i, ctx, _, _) in enumerate(requests):
-            if self.active[i] == "text" and growers[i].budget > 0:
-                drafts[j] = self.drafter.text_tree(ctx.tokens.tolist(), growers[i], self.ids[i][-1], ctx.tokens.device)
-        return drafts
+    def _tree_draft(self, i: int, ctx: DraftContext, grower: TreeGrower) -> Draft:
+        if self.active[i] == "text" and grower.budget > 0:
+            return self.drafter.text_tree(ctx.tokens.tolist(), grower, self.ids[i][-1], ctx.tokens.device)
+        return super()._tree_draft(i, ctx, grower)
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         pass  # the next sync rolls the row's draft back to its committed text, whatever was accepted

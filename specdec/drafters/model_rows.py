@@ -47,13 +47,15 @@ def chain_drafts(requests: list, out: dict, qs: dict) -> list[Draft]:
             for i, ctx, _ in requests]
 
 
+def tree_draft(ctx: DraftContext, grower: TreeGrower) -> Draft:
+    """A row's tree Draft: its grower's kept nodes."""
+    toks, parents = grower.result()
+    return Draft.from_lists(toks, parents, ctx.tokens.device, scores=grower.kept_scores)
+
+
 def tree_drafts(requests: list, growers: dict) -> list[Draft]:
     """One tree Draft per request [(row, DraftContext, spec, budget)]: its grower's kept nodes."""
-    drafts = []
-    for i, ctx, _, _ in requests:
-        toks, parents = growers[i].result()
-        drafts.append(Draft.from_lists(toks, parents, ctx.tokens.device, scores=growers[i].kept_scores))
-    return drafts
+    return [tree_draft(ctx, growers[i]) for i, ctx, _, _ in requests]
 
 
 class ModelRows:
@@ -118,7 +120,7 @@ class ModelRows:
                     block_pos=to_device([root + g.depth[a] for a in block], torch.long, device)))
             for (i, ctx), lg in zip(growing, self.runner.forward(forwards)):
                 frontier[i] = self._expandable(i, growers[i], growers[i].expand(self._probs(i, ctx, lg, paths[i])))
-        return self._tree_drafts(requests, growers)
+        return [self._tree_draft(i, ctx, growers[i]) for i, ctx, _, _ in requests]
 
     # what a draft of another vocabulary changes (drafters/cross_rows.py) ----------------------------
     def _catch_up(self, i: int, ctx: DraftContext) -> RowForward:
@@ -144,8 +146,9 @@ class ModelRows:
         """Row i's tree: which of the new frontier nodes to expand (all here)."""
         return frontier
 
-    def _tree_drafts(self, requests: list, growers: dict) -> list[Draft]:
-        return tree_drafts(requests, growers)
+    def _tree_draft(self, i: int, ctx: DraftContext, grower: TreeGrower) -> Draft:
+        """Row i's tree Draft from its grown tree (its kept nodes here)."""
+        return tree_draft(ctx, grower)
 
     def accept(self, row: int, num_context_tokens: int) -> None:
         self.valid[row] = min(self.valid[row], num_context_tokens - 1)
