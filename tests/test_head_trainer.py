@@ -211,3 +211,86 @@ def test_the_prompt_set_is_varied_prefix_stable_and_never_overlaps_the_benchmark
     assert prompts._shingles(first["prompt"]) & bench
     held = sum(prompts.is_heldout(p) for p in many) / len(many)
     assert 0.01 < held < 0.08
+
+
+def test_batched_features_equal_each_sequence_alone(zoo_target):
+    """Right-padded batches give every sequence the features a forward of it alone gives (HF's hidden
+    states: layer l's output for l < L, the final norm's output for L)."""
+    from specdec.training import head_data
+
+    target, tok = zoo_target
+    L = target.config.num_hidden_layers
+    layers = (1, L // 2, L)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, len(tok), (n,), generator=g) for n in (5, 17, 9, 1)]
+    got = head_data.batch_features(target, seqs, layers)
+    for s, f in zip(seqs, got):
+        with torch.no_grad():
+            hs = target(input_ids=s[None], output_hidden_states=True).hidden_states
+        want = torch.cat([hs[l][0] for l in layers], dim=-1)
+        assert f.shape == want.shape and torch.allclose(f, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_shard_keeps_its_sequences_in_order_with_their_own_features(tmp_path, zoo_target, monkeypatch):
+    from safetensors.torch import load_file
+
+    from specdec.training import head_data
+
+    target, tok = zoo_target
+    monkeypatch.setattr(head_data, "FEATURE_BATCH_TOKENS", 40)  # several length groups out of order
+    g = torch.Generator().manual_seed(1)
+    seqs = [(torch.randint(0, len(tok), (n,), generator=g).tolist(), i, i % 2 == 0)
+            for i, n in enumerate((12, 3, 30, 7, 12, 21))]
+    path = tmp_path / "chat-00000.safetensors"
+    layers = (target.config.num_hidden_layers,)
+    assert head_data.write_shard(path, seqs, target, layers, items=6) == sum(len(s) for s, _, _ in seqs)
+    d = load_file(str(path))
+    off = d["offsets"].tolist()
+    assert d["loss_from"].tolist() == list(range(6)) and d["heldout"].tolist() == [s[2] for s in seqs]
+    for i, (ids, _, _) in enumerate(seqs):
+        assert d["tokens"][off[i]:off[i + 1]].tolist() == ids
+        want = head_data.target_features(target, torch.tensor(ids), layers)
+        assert torch.allclose(d["features"][off[i]:off[i + 1]].float(), want, atol=2e-2, rtol=1e-2)
+
+
+def test_precision_picks_the_dtype_and_refuses_an_unknown_one():
+    from specdec.training import loop
+
+    cpu = torch.device("cpu")
+    assert loop.compute_dtype("fp32", cpu) == torch.float32 and loop.compute_dtype("bf16", cpu) == torch.bfloat16
+    assert loop.compute_dtype("auto", cpu) == (torch.bfloat16 if loop.bf16_is_native(cpu) else torch.float32)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        loop.compute_dtype("fp8", cpu)
+
+
+def test_bf16_answers_leave_the_target_in_fp32_and_features_come_from_it(tmp_path, zoo_target):
+    """--precision bf16: a bf16 copy answers the prompts (the manifest says so, and a resume with fp32
+    answers is refused); the target itself stays fp32 and the stored features are its own; the first loss
+    under autocast is the fp32 loss to bf16 accuracy."""
+    from safetensors.torch import load_file
+
+    from specdec.training import head_data
+
+    target, tok = zoo_target
+    half = args(tmp_path, "h", steps=1, precision="bf16")
+    train_head(half, target, tok, progress=False)
+    assert all(p.dtype == torch.float32 for p in target.parameters())
+    assert json.loads((half.work / "manifest.json").read_text())["answer_dtype"] == "bfloat16"
+    d = load_file(str(half.work / "data" / "chat-00000.safetensors"))
+    off = d["offsets"].tolist()
+    ids = d["tokens"][off[0]:off[1]].long()
+    want = head_data.target_features(target, ids, (target.config.num_hidden_layers,))
+    assert torch.allclose(d["features"][off[0]:off[1]].float(), want, atol=2e-2, rtol=1e-2)
+    full = args(tmp_path, "f32", steps=1, precision="fp32")
+    train_head(full, target, tok, progress=False)
+    assert "answer_dtype" not in json.loads((full.work / "manifest.json").read_text())
+    with pytest.raises(ValueError, match="other settings"):
+        train_head(args(tmp_path, "h", steps=1, precision="fp32", out=tmp_path / "h2"), target, tok, progress=False)
+    shutil.rmtree(full.work / "data")
+    shutil.copytree(half.work / "data", full.work / "data")  # the same data, trained in fp32 and in bf16
+    (full.work / "log.jsonl").unlink()
+    (full.work / "checkpoint.json").unlink()
+    shutil.rmtree(full.out)
+    train_head(full, target, tok, progress=False)
+    a, b = losses(half.work)[1], losses(full.work)[1]
+    assert a != b and abs(a - b) < 0.05 * abs(b)

@@ -43,6 +43,7 @@ class DraftTrainArgs:
     warmup: int = 30
     seed: int = 0
     threads: int = 2
+    precision: str = "auto"      # auto | fp32 | bf16: bf16 autocast where bf16 is native (training/loop.py)
     ckpt_minutes: float = 5.0
     log_every: int = 10
     eval_every: int = 200
@@ -121,7 +122,7 @@ def loss_and_agreement(draft, target_head: torch.Tensor, toks, top_feats, mask):
     """Cross-entropy of the draft against the target's distribution (target_head [V, H] over the top
     features), and how often their argmaxes agree, over mask."""
     logq = torch.log_softmax(draft(input_ids=toks, use_cache=False).logits.float(), -1)
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(toks.device.type, enabled=False):  # the target's own numbers, in fp32
         p = torch.softmax(torch.nn.functional.linear(top_feats, target_head).float(), -1)
     denom = mask.sum().clamp_min(1)
     ce = (-(p * logq).sum(-1) * mask).sum() / denom
@@ -168,6 +169,7 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     if target is None:
         target, tok = load_target(args.target)
     check_target(target)
+    dtype = loop.compute_dtype(args.precision, next(target.parameters()).device)
     manifest = json.loads((Path(args.data) / "manifest.json").read_text())
     target_print = fingerprint(target)
     if manifest.get("target_fingerprint") != target_print:
@@ -192,7 +194,8 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
 
     def batch_loss(i: int):
         toks, feats, mask = make_batch(data, i, args)
-        loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
+        with torch.autocast(toks.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
         return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
 
     step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
@@ -203,5 +206,5 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     return save_draft(draft, out, args.target, target, target_print, {
         "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),
-        "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed,
+        "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed, "precision": str(dtype),
         "args": {k: str(v) for k, v in asdict(args).items()}})

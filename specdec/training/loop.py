@@ -20,6 +20,27 @@ import torch
 from safetensors.torch import load_file, save_file
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def bf16_is_native(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products run natively here: a CUDA GPU with bf16, or a CPU whose oneDNN
+    does bf16 (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """--precision -> the dtype of training's matrix products (autocast; weights and AdamW stay fp32) and
+    of the data's answer generation: bf16 for "bf16", and for "auto" where bf16 is native; else fp32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" or (precision == "auto" and bf16_is_native(device)):
+        return torch.bfloat16
+    return torch.float32
+
+
 def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
     """Linear warm-up, then a cosine from lr down to lr / 10 at `steps`."""
     if step < warmup:
