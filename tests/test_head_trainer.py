@@ -186,6 +186,36 @@ def test_a_top_only_head_continues_as_a_fusion_head_computing_the_same_function_
         train_head(args(tmp_path, "back", steps=8, resume_from=fused.out), target, tok, progress=False)
 
 
+def test_a_one_layer_head_continues_as_a_two_layer_head_computing_the_same_function_at_first(tmp_path,
+                                                                                           zoo_target):
+    """--resume-from a 1-layer head with --num-layers 2: the new layer's o_proj and down_proj start at zero
+    (its residual branches add nothing), so the deepened head predicts exactly what the saved one did;
+    training then grows the new layer. A 2-layer head does not load into a 1-layer run."""
+    from specdec.drafters.head_model import HeadConfig, HeadNet
+    from specdec.training.head_trainer import _load_saved_head
+
+    target, tok = zoo_target
+    first = args(tmp_path, "one", steps=4)
+    train_head(first, target, tok, progress=False)
+    one = FeatureHead.from_pretrained(first.out, target).net.float()
+    deep = HeadNet(HeadConfig.for_target(target, draft_vocab=512, num_layers=2))
+    deep.init_from_target(target)
+    assert _load_saved_head(first.out, deep)[0] == 4
+    deep.bind(target)
+    assert deep.layers[1].q_proj.weight.abs().sum() > 0 and deep.layers[1].o_proj.weight.abs().sum() == 0
+    H = one.config.hidden_size
+    feats, tokens = torch.randn(2, 9, H), torch.randint(0, 100, (2, 9))
+    for a, b in zip(one.unroll(feats, tokens, 3), deep.unroll(feats, tokens, 3)):
+        assert torch.allclose(a, b, atol=1e-5)
+    two = args(tmp_path, "two", steps=6, num_layers=2, resume_from=first.out)
+    train_head(two, target, tok, progress=False)
+    assert sorted(losses(two.work)) == [5, 6]
+    grown = FeatureHead.from_pretrained(two.out, target).net
+    assert grown.config.num_layers == 2 and grown.layers[1].o_proj.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match="other settings"):
+        train_head(args(tmp_path, "back1", steps=8, resume_from=two.out), target, tok, progress=False)
+
+
 def test_the_prompt_set_is_varied_prefix_stable_and_never_overlaps_the_benchmark():
     """The composed prompt set draws from three families (everyday requests in many forms, task x topic,
     code writing and editing); build(n) is a prefix of build(m) for n < m (a grown data build keeps its

@@ -150,14 +150,19 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
 
 
 def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
-    """Load a saved head into `net` (its weights and step). A top-only head loads into a fusion net as the
-    same function: the fusion projection starts as [0 | 0 | I], passing the top layer's feature through, so
-    fusion training continues from everything the top-only head learned instead of from scratch."""
+    """Load a saved head into `net` (its weights and step), also into a bigger net computing the same function:
+    - widened (a top-only head into a fusion net): the fusion projection starts as [0 | 0 | I], passing the
+      top layer's feature through, so fusion training continues from everything the top-only head learned;
+    - deepened (a 1-layer head into a 2-layer net): the new second layer keeps its initialisation (the
+      target's top layer, `init_from_target`) but with o_proj and down_proj zero, so both its residual
+      branches add nothing until training grows them."""
     cfg = json.loads((path / "head_config.json").read_text())
     saved, want = list(cfg["feature_layers"]), list(net.config.feature_layers)
     widen = saved != want and len(saved) == 1 and len(want) > 1 and saved[0] == want[-1]
+    depth = cfg.get("num_layers", 1)
+    deepen = depth < net.config.num_layers
     if cfg["target_fingerprint"] != net.config.target_fingerprint or (saved != want and not widen) or cfg.get(
-            "draft_vocab", 0) != net.config.draft_vocab or cfg.get("num_layers", 1) != net.config.num_layers:
+            "draft_vocab", 0) != net.config.draft_vocab or depth > net.config.num_layers:
         raise ValueError(f"--resume-from {path}: that head was trained for another target or with other settings")
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "head.safetensors")).items()}
     if widen:
@@ -165,6 +170,11 @@ def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
         fuse = torch.zeros(H, len(want) * H)
         fuse[:, -H:] = torch.eye(H)
         state["fuse.weight"] = fuse
+    if deepen:
+        for k, v in net.state_dict().items():
+            if k.startswith("layers.") and int(k.split(".")[1]) >= depth:
+                silent = k.endswith(("o_proj.weight", "down_proj.weight"))
+                state[k] = torch.zeros_like(v) if silent else v.clone()
     net.load_state_dict(state)
     trained = cfg.get("trained", {})
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
