@@ -194,13 +194,12 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
 
     def batch_loss(i: int):
         toks, feats, mask = make_batch(data, i, args)
-        with torch.autocast(toks.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
+        loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
         return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
 
     step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
                              batch_loss, lambda: {"heldout_agree": heldout_agreement(draft, target_head, data)},
-                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress)
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype)
     if step < args.steps:
         return None
     return save_draft(draft, out, args.target, target, target_print, {

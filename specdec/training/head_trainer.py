@@ -281,13 +281,12 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
 
     def batch_loss(i: int):
         feats, toks, mask = (t.to(device) for t in make_batch(data, i, args))
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
+        loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
         return loss, {"steps": stats}, {"agree": f"{stats[0]['agree']:.2f}"}
 
     step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
                              batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data)},
-                             args.log_every, args.eval_every, args.ckpt_minutes, "train", progress)
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype)
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)

@@ -83,11 +83,13 @@ def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, floa
 
 def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
         lr_at: Callable[[int], float], batch_loss: Callable[[int], tuple], evaluate: Callable[[], dict],
-        log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool) -> tuple[int, float]:
+        log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool,
+        compute: torch.dtype = torch.float32) -> tuple[int, float]:
     """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at).
 
-    batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`;
-    evaluate() -> the fields of an evaluation record. Returns (the step reached, training seconds in all)."""
+    batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`,
+    run under bf16 autocast when `compute` (compute_dtype) is bfloat16; evaluate() -> the fields of an
+    evaluation record. Returns (the step reached, training seconds in all)."""
     from tqdm.auto import tqdm
 
     t_start = time.monotonic() - seconds
@@ -95,12 +97,14 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
     last_ckpt = time.monotonic()
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress)
     params = [p for group in opt.param_groups for p in group["params"]]
+    device = params[0].device
     with (work / "log.jsonl").open("a") as log:
         try:
             while step < end:
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step)
-                loss, record, shown = batch_loss(step)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
+                    loss, record, shown = batch_loss(step)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
