@@ -75,6 +75,11 @@ def test_train_head_then_draft_with_it_from_the_command_line(tmp_path, capsys):
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "train-head", "--target", "target", "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "exists" in r.stderr and "Traceback" not in r.stderr
+    unknown = ["--target", "target", "--out", str(tmp_path / "p"), "--precision", "fp16"]
+    for command in (["train-head"], ["train-draft", "--data", str(tmp_path)]):  # refused before any model loads
+        with pytest.raises(SystemExit):
+            main(command + unknown)
+        assert "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
 def test_python_dash_m_specdec_is_the_command_and_the_policy_types_are_top_level():

@@ -136,3 +136,35 @@ def test_the_zoo_serves_a_derived_draft_by_name_and_rematerialises_a_retrained_o
     again, _ = specdec.zoo.load("target-draft")
     w = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(again.state_dict()[w], draft.state_dict()[w])
+
+
+def test_a_saved_draft_continues_on_a_new_machine(tmp_path, head_work, zoo_target):
+    """--resume-from: no checkpoint in the (new) work folder; the saved fp16 draft gives its layers and step,
+    and training continues from there (AdamW afresh). A draft of another target or depth is refused."""
+    from safetensors.torch import load_file
+
+    from specdec.training.draft_trainer import body, load_saved_draft
+
+    target, tok = zoo_target
+    first = train_draft(dargs(tmp_path, head_work, "d1", steps=3), target, tok, progress=False)
+    loaded = build_draft(target, 2)
+    assert load_saved_draft(first, loaded, specdec.drafters.head_model.fingerprint(target))[0] == 3
+    saved = load_file(str(first / "draft.safetensors"))
+    assert all(torch.equal(v.float(), saved[f"model.{k}"].float()) for k, v in body(loaded).state_dict().items())
+    moved = dargs(tmp_path, head_work, "d2", steps=5, resume_from=first)
+    out = train_draft(moved, target, tok, progress=False)
+    assert sorted(logged(moved.work)) == [4, 5]  # steps 1-3 were the first machine's
+    trained = json.loads((out / "draft_config.json").read_text())["specdec"]["trained"]
+    assert trained["steps"] == 5 and trained["continued_from"]["draft"] == first.name
+    assert trained["continued_from"]["steps"] == 3
+    with pytest.raises(ValueError, match="has 2 layers, this run builds 1"):
+        train_draft(dargs(tmp_path, head_work, "d3", layers=1, resume_from=first), target, tok, progress=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "draft.safetensors").write_bytes((first / "draft.safetensors").read_bytes())
+    cfg = json.loads((first / "draft_config.json").read_text())
+    cfg["specdec"]["target_fingerprint"] = "0" * 16
+    (other / "draft_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="another target"):
+        train_draft(dargs(tmp_path, head_work, "d4", resume_from=other), target, tok, progress=False)
+    assert not (tmp_path / "d3-out").exists() and not (tmp_path / "d4-out").exists()

@@ -45,6 +45,12 @@ def test_interrupted_run_resumes_with_the_same_losses_and_head(tmp_path, zoo_tar
     assert all(torch.equal(a[k], b[k]) for k in a)
     cfg = json.loads((out / "head_config.json").read_text())
     assert cfg["trained"]["steps"] == 8 and len(cfg["trained"]["heldout"]["accept"]) == 5
+    # periodic evaluations read the first heldout_seqs held-out answers; the saved record reads all of them
+    one = args(tmp_path, "one", steps=4, heldout_seqs=1, num_prompts=30)  # held out: prompts 0 and 25
+    train_head(one, target, tok, progress=False)
+    evals = [json.loads(l)["heldout"] for l in (one.work / "log.jsonl").read_text().splitlines() if "heldout" in l]
+    final = json.loads((one.out / "head_config.json").read_text())["trained"]["heldout"]
+    assert 0 < evals[-1]["positions"] < final["positions"]
     ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
     got = specdec.generate(target, ids, drafter=FeatureHead.from_pretrained(out, target), max_new_tokens=12)
     assert torch.equal(got, target.generate(ids, max_new_tokens=12, do_sample=False))

@@ -7,9 +7,11 @@ from pathlib import Path
 
 from ..training.draft_trainer import DraftTrainArgs
 from ..training.head_trainer import HeadTrainArgs
+from ..training.loop import PRECISIONS
 
 
 PATHS = ("target", "data", "out", "work")  # the trainers' fields the commands set themselves
+CHOICES = {"precision": PRECISIONS}         # fields whose values argparse checks
 
 
 def _add_fields(parser, args_class, special: dict | None = None) -> None:
@@ -26,7 +28,8 @@ def _add_fields(parser, args_class, special: dict | None = None) -> None:
         elif isinstance(f.default, bool):
             parser.add_argument(flag, action="store_true")
         else:
-            parser.add_argument(flag, type=type(f.default) if f.default is not None else int, default=f.default)
+            parser.add_argument(flag, type=type(f.default) if f.default is not None else int, default=f.default,
+                                choices=CHOICES.get(f.name))
 
 
 def _field_values(a, args_class) -> dict:
@@ -92,7 +95,8 @@ def add_train_draft_parser(sub) -> None:
     t.add_argument("--data", required=True, help="a `specdec train-head` work folder (its data/ shards)")
     t.add_argument("--out", required=True, help="the draft's folder (must not exist)")
     t.add_argument("--work", default=None, help="checkpoint and log (default: OUT.work); rerun to resume")
-    _add_fields(t, DraftTrainArgs)
+    _add_fields(t, DraftTrainArgs, {"resume_from": (Path, "a saved draft to continue from (no checkpoint in "
+                                                         "--work); same --layers")})
 
 
 def cmd_train_draft(a) -> None:

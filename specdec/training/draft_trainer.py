@@ -47,7 +47,11 @@ class DraftTrainArgs:
     ckpt_minutes: float = 5.0
     log_every: int = 10
     eval_every: int = 200
+    heldout_seqs: int = 24       # held-out answers each periodic evaluation reads (0 = all); the saved draft's
+                                 # record always reads all of them
     stop_at: int | None = None   # checkpoint at this step and return None; run again to continue
+    resume_from: Path | None = None  # no checkpoint in work: start from this saved draft (its layers and step;
+                                     # AdamW starts afresh) - how a run moves to a new machine
 
 
 def init_layers(num_target_layers: int, layers: int) -> list[int]:
@@ -131,8 +135,9 @@ def loss_and_agreement(draft, target_head: torch.Tensor, toks, top_feats, mask):
 
 
 @torch.no_grad()
-def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset, max_seqs: int = 24) -> float:
-    """Teacher-forced argmax agreement with the target on held-out answers (about alpha at k = 1)."""
+def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset, max_seqs: int | None = None) -> float:
+    """Teacher-forced argmax agreement with the target on held-out answers (the first max_seqs; None = all):
+    about alpha at k = 1."""
     hits = total = 0
     for toks, feats, loss_from in data.heldout[:max_seqs]:
         logits = draft(input_ids=toks[None], use_cache=False).logits[0]
@@ -141,6 +146,38 @@ def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset,
         hits += int((logits.argmax(-1)[start:] == want[start:]).sum())
         total += len(toks) - start
     return round(hits / max(1, total), 4)
+
+
+def load_saved_draft(path: Path, draft, target_fingerprint: str) -> tuple[int, float]:
+    """Load a saved draft's own weights (save_draft) into `draft`; returns its (steps, training seconds).
+    Refuses a draft trained for another target or with another number of layers."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(path) / "draft_config.json").read_text())
+    info = cfg.get("specdec", {})
+    if info.get("target_fingerprint") != target_fingerprint:
+        raise ValueError(f"--resume-from {path}: that draft was trained for another target (fingerprint "
+                         f"{info.get('target_fingerprint')}, this target's is {target_fingerprint})")
+    if cfg.get("num_hidden_layers") != draft.config.num_hidden_layers:
+        raise ValueError(f"--resume-from {path}: that draft has {cfg.get('num_hidden_layers')} layers, this run "
+                         f"builds {draft.config.num_hidden_layers} (--layers)")
+    own = {k: v.float() for k, v in load_file(str(Path(path) / "draft.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(own, strict=False)
+    shared = {"model.embed_tokens.weight", "lm_head.weight"}
+    if set(missing) - shared or unexpected:
+        raise ValueError(f"--resume-from {path}: draft.safetensors does not fit this draft: missing "
+                         f"{sorted(set(missing) - shared)[:4]}, unexpected {sorted(unexpected)[:4]}")
+    trained = info.get("trained", {})
+    return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
+
+
+def _earlier_training(path: Path) -> dict:
+    """What a --resume-from draft had been trained on (its steps and tokens, and what it continued in turn)."""
+    trained = json.loads((path / "draft_config.json").read_text())["specdec"].get("trained", {})
+    earlier = {"draft": path.name, "steps": trained.get("steps"), "train_tokens": trained.get("train_tokens")}
+    if trained.get("continued_from"):
+        earlier["continued_from"] = trained["continued_from"]
+    return earlier
 
 
 def save_draft(draft, out: Path, target_name: str, target, target_fingerprint: str, extra: dict) -> Path:
@@ -188,9 +225,12 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     opt = torch.optim.AdamW(trainable.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     work.mkdir(parents=True, exist_ok=True)
     step, seconds = loop.load_checkpoint(work, trainable, opt)
+    if step == 0 and args.resume_from is not None:
+        step, seconds = load_saved_draft(Path(args.resume_from), draft, target_print)
     if step == 0:
         with (work / "log.jsonl").open("a") as log:
-            log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(draft, target_head, data)}) + "\n")
+            log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(
+                draft, target_head, data, max_seqs=args.heldout_seqs or None)}) + "\n")
 
     def batch_loss(i: int):
         toks, feats, mask = make_batch(data, i, args)
@@ -198,12 +238,14 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
         return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
 
     step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
-                             batch_loss, lambda: {"heldout_agree": heldout_agreement(draft, target_head, data)},
+                             batch_loss, lambda: {"heldout_agree": heldout_agreement(
+                                 draft, target_head, data, max_seqs=args.heldout_seqs or None)},
                              args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype)
     if step < args.steps:
         return None
+    earlier = {"continued_from": _earlier_training(Path(args.resume_from))} if args.resume_from is not None else {}
     return save_draft(draft, out, args.target, target, target_print, {
-        "steps": step, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
+        "steps": step, **earlier, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),
         "heldout_agree": heldout_agreement(draft, target_head, data), "seed": args.seed, "precision": str(dtype),
         "args": {k: str(v) for k, v in asdict(args).items()}})

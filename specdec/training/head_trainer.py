@@ -53,6 +53,8 @@ class HeadTrainArgs:
     precision: str = "auto"      # auto | fp32 | bf16: bf16 autocast and bf16 answers where bf16 is native
     ckpt_minutes: float = 5.0
     eval_every: int = 250
+    heldout_seqs: int = 24       # held-out answers each periodic evaluation reads (0 = all); the saved head's
+                                 # record always reads all of them
     log_every: int = 10
     stop_at: int | None = None   # checkpoint at this step and return None (a time-boxed session); resume later
     resume_from: Path | None = None  # no checkpoint in work: start from this saved head (its weights and step;
@@ -123,9 +125,10 @@ def make_batch(data: head_data.Dataset, step: int, args: HeadTrainArgs):
 
 
 @torch.no_grad()
-def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int = 5, max_seqs: int = 24) -> dict:
-    """Greedy chain acceptance on held-out answers: accept[j] = P(the first j + 1 drafted tokens all equal
-    the target's argmax), from the unrolled head (drafting from every answer position); tau = 1 + sum."""
+def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int = 5, max_seqs: int | None = None) -> dict:
+    """Greedy chain acceptance on held-out answers (the first max_seqs of them; None = all): accept[j] =
+    P(the first j + 1 drafted tokens all equal the target's argmax), from the unrolled head (drafting from
+    every answer position); tau = 1 + sum."""
     head_w = target.get_output_embeddings().weight
     hits = torch.zeros(depth)
     count = 0
@@ -138,13 +141,13 @@ def heldout_acceptance(net: HeadNet, target, data: head_data.Dataset, depth: int
         outs = net.unroll(f[:, :-1], toks[None, 1:], depth)
         want = F.linear(f[0, 1:, -net.config.hidden_size:].to(head_w.dtype), head_w).argmax(-1)  # [n-1]
         got = [net.vocab_ids[net.logits(o[0]).argmax(-1)] for o in outs]  # step j at t: token t + 2
-        start = max(0, loss_from - 2)
-        for r in range(start, n - 1 - depth):
-            ok = True
-            for j in range(depth):
-                ok = ok and bool(got[j][r + j] == want[r + j])
-                hits[j] += ok
-            count += 1
+        lo = max(0, loss_from - 2)
+        rows = torch.arange(lo, max(lo, n - 1 - depth), device=device)  # the drafting positions r
+        ok = torch.ones_like(rows, dtype=torch.bool)
+        for j in range(depth):  # the chain from r holds through step j
+            ok &= got[j][rows + j] == want[rows + j]
+            hits[j] += int(ok.sum())
+        count += len(rows)
     accept = (hits / max(1, count)).tolist()  # hits counted on the host
     return {"accept": [round(a, 4) for a in accept], "tau": round(1 + sum(accept), 3), "positions": count}
 
@@ -285,11 +288,12 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         return loss, {"steps": stats}, {"agree": f"{stats[0]['agree']:.2f}"}
 
     step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
-                             batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data)},
+                             batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data,
+                                                                                 max_seqs=args.heldout_seqs or None)},
                              args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype)
     if step < args.steps:
         return None
-    final = heldout_acceptance(net, target, data)
+    final = heldout_acceptance(net, target, data)  # every held-out answer
     earlier = {"continued_from": _earlier_training(Path(args.resume_from))} if args.resume_from is not None else {}
     return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, **earlier,
                                 "train_seconds": round(seconds), "data_sequences": len(data.train),
