@@ -330,3 +330,21 @@ def test_bf16_answers_leave_the_target_in_fp32_and_features_come_from_it(tmp_pat
     train_head(full, target, tok, progress=False)
     a, b = losses(half.work)[1], losses(full.work)[1]
     assert a != b and abs(a - b) < 0.05 * abs(b)
+
+
+def test_the_head_card_measures_every_mode_against_plain_decoding_on_the_same_prompts(zoo_target):
+    """head-card: per mode, tau and acceptance by position from the engine's counts (at k = 1 a step emits
+    1 + its one accepted-or-not token, so tau = 1 + the position-1 acceptance up to the last, cut step)
+    and c as a ratio of the draft's time per drafted token to plain decoding's on the same prompt."""
+    from specdec.training.head_card import measure_head, to_markdown
+
+    target, tok = zoo_target
+    card = measure_head(specdec.zoo.path("target-head"), target, tok, num_prompts=1, new_tokens=24, ks=(1, 3))
+    assert list(card["modes"]) == ["k=1", "k=3", "adaptive", "tree dynamic(16, 5, 4), 16 nodes",
+                                   "tree dynamic(16, 5, 4), adaptive"]
+    one, three = card["modes"]["k=1"], card["modes"]["k=3"]
+    assert len(one["accept_by_position"]) == 1 and len(three["accept_by_position"]) == 3
+    assert abs(one["tau"] - (1 + one["accept_by_position"][0])) < 0.1
+    assert all(0 <= a <= 1 for r in card["modes"].values() for a in r["accept_by_position"])
+    assert all(r["c"] > 0 for r in card["modes"].values()) and three["tau"] >= 1
+    assert "| k=3 |" in to_markdown(card) and card["sample"]

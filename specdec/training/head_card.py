@@ -4,8 +4,8 @@ card.json (and CARD.md) beside head_config.json: the training facts (tokens, ste
 acceptance by position from the trainer), then, from greedy generations on held-out prompts (the
 trainer's held-out prompt split for a chat target, the zoo's held-out prompts otherwise): acceptance by
 position and tau at each fixed k, adaptive and a dynamic tree; c (the draft's seconds per drafted token
-over plain decoding's seconds per token, both measured in the same loop: a ratio, not a speed claim),
-and a sample output.
+over plain decoding's seconds per token on the same prompt, run just before it, averaged over prompts:
+a ratio, not a speed claim), and a sample output.
 """
 from __future__ import annotations
 
@@ -41,37 +41,38 @@ def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: 
     modes["adaptive"] = {}
     modes["tree dynamic(16, 5, 4), 16 nodes"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4), draft_length=16)
     modes["tree dynamic(16, 5, 4), adaptive"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4))
-    rows = {}
-    plain_tpot = []
+    sums = {name: {"taus": [], "c": [], "acc": [], "tested": []} for name in modes}
     sample = None
-    for name, kw in [("plain", dict(draft_length=0))] + list(modes.items()):
-        acc, tested, taus, c = None, None, [], []
-        for ids in ids_list:
-            out = specdec.generate(target, ids, drafter=None if name == "plain" else head, max_new_tokens=new_tokens,
-                                   do_sample=False, return_dict_in_generate=True, **kw)
-            st = out.stats
-            if name == "plain":
-                plain_tpot.append(st.tpot_s)
-                continue
+    for ids in ids_list:  # prompt by prompt, plain decoding then every mode: c's two times are taken together
+        def run(drafter, **kw):
+            return specdec.generate(target, ids, drafter=drafter, max_new_tokens=new_tokens, do_sample=False,
+                                    return_dict_in_generate=True, **kw)
+
+        plain_tpot = run(None, draft_length=0).stats.tpot_s
+        for name, kw in modes.items():
+            out = run(head, **kw)
+            st, tally = out.stats, sums[name]
             if sample is None and name == "adaptive":
                 sample = tok.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
-            taus.append(st.mean_accepted_length)
+            tally["taus"].append(st.mean_accepted_length)
             if st.drafted_tokens:
-                c.append(st.draft_s / st.drafted_tokens)
-            a, t = st.accepted_by_position, st.tested_by_position
-            acc = a if acc is None else [x + y for x, y in zip(acc + [0] * len(a), a + [0] * len(acc))]
-            tested = t if tested is None else [x + y for x, y in zip(tested + [0] * len(t), t + [0] * len(tested))]
-        if name == "plain":
-            continue
-        tpot = sum(plain_tpot) / len(plain_tpot)
-        rows[name] = {"tau": round(sum(taus) / len(taus), 3),
-                      "accept_by_position": [round(x / y, 3) for x, y in zip(acc or [], tested or []) if y],
-                      "c": round(sum(c) / len(c) / tpot, 4) if c else None}
+                tally["c"].append(st.draft_s / st.drafted_tokens / plain_tpot)
+            tally["acc"] = _add(tally["acc"], st.accepted_by_position)
+            tally["tested"] = _add(tally["tested"], st.tested_by_position)
+    rows = {name: {"tau": round(sum(a["taus"]) / len(a["taus"]), 3),
+                   "accept_by_position": [round(x / y, 3) for x, y in zip(a["acc"], a["tested"]) if y],
+                   "c": round(sum(a["c"]) / len(a["c"]), 4) if a["c"] else None} for name, a in sums.items()}
     cfg = json.loads((Path(head_dir) / "head_config.json").read_text())
     return {"head": Path(head_dir).name, "trained": cfg.get("trained", {}), "draft_vocab": cfg.get("draft_vocab"),
             "feature_layers": cfg["feature_layers"], "params": sum(p.numel() for p in head.net.parameters()),
             "measured_on": f"{len(ids_list)} held-out prompts, {new_tokens} new tokens, greedy",
             "modes": rows, "sample": sample, "measured": time.strftime("%Y-%m-%d")}
+
+
+def _add(a: list, b: list) -> list:
+    """Element-wise sum of two counts by position, the shorter padded with zeros."""
+    n = max(len(a), len(b))
+    return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
 
 
 def to_markdown(card: dict) -> str:
