@@ -212,7 +212,6 @@ def test_kv_pages_grow_with_the_sequence_and_a_budget_is_enforced_cleanly():
 ])
 def test_the_engine_checks_what_a_drafter_returns(bad, match):
     class Broken:
-        deterministic = False
 
         def begin(self, setup):
             pass

@@ -17,8 +17,6 @@ from conftest import VOCAB, build, hf_greedy, tiny_vocab_model
 class Scripted:
     """A drafter that proposes [90, 91, ...] and records what it is asked and told."""
 
-    deterministic = True
-
     def __init__(self):
         self.proposed, self.accepted = [], []
 

@@ -264,7 +264,6 @@ def test_tree_option_errors():
     target = build("llama", seed=0, layers=1)
 
     class ChainOnly:
-        deterministic = True
 
         def begin(self, setup): ...
         def propose(self, ctx, budget): ...
@@ -343,7 +342,6 @@ class IIDSiblings:
     """A custom tree drafter in the SpecInfer manner: the root's children are independent draws (duplicates
     allowed) from a bigram table's processed distribution. `claim` is what its Draft says about that."""
 
-    deterministic = False
 
     def __init__(self, claim: bool):
         self.logits = torch.randn(V, V, generator=torch.Generator().manual_seed(3)) * 8  # [last token, next]

@@ -138,7 +138,8 @@ class DraftContext:
 class Drafter(Protocol):
     """Protocol every drafter implements.
 
-    deterministic: True when q is one-hot (the verifier then uses the one-hot rule)
+    A deterministic proposal (argmax, lookup) is a Draft with q_probs None: the verifier then uses the
+    one-hot rule (the Draft says so, step by step; the drafter carries no flag for it).
     begin(setup): called once after the target's prefill with a DraftSetup (the block table, the prompt
         [T] int64, ...); the model drafter binds its page tensors and prefills the prompt here (timed as
         prefill, not drafting)
@@ -148,8 +149,6 @@ class Drafter(Protocol):
 
     A drafter that also proposes trees (for `tree=`) implements TreeDrafter.
     """
-
-    deterministic: bool
 
     def begin(self, setup: DraftSetup) -> None: ...
 

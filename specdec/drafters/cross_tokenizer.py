@@ -96,7 +96,6 @@ class CrossTokenizerDrafter:
         self.lookbehind, self.lookahead, self.lean, self.page_size = lookbehind, int(lookahead), lean, page_size
         self.vocab: VocabMap | None = None
         self.active = "intersection" if mode == "intersection" else "text"  # auto decides per generation
-        self.deterministic = mode == "text"
         self.runner: ModelRunner | None = None
         self.ids: list[int] = []  # the draft ids whose KV the runner holds, in order
         bos = draft_tokenizer.bos_token_id
@@ -169,7 +168,6 @@ class CrossTokenizerDrafter:
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         self._decide(ctx)
-        self.deterministic = self.active == "text" or not ctx.sampling.do_sample
         committed = ctx.tokens.tolist()
         logits = self._sync(committed)  # [1, V_draft]: the draft's next-token logits after the committed text
         if self.active == "intersection":
@@ -185,7 +183,6 @@ class CrossTokenizerDrafter:
         path probability and re-encodes each leaf's text into target tokens, merged into one trie
         (drafters/text_tree.py). Deterministic either way: lossless greedy or sampled."""
         self._decide(ctx)
-        self.deterministic = True
         device = ctx.tokens.device
         grower = TreeGrower(spec, budget)
         if grower.budget <= 0:

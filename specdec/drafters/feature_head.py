@@ -46,7 +46,6 @@ class FeatureHead:
         self.net.bind(target)
         self.feature_layers = tuple(net.config.feature_layers)
         self.vocab_size = net.config.vocab_size
-        self.deterministic = False
         self.kv: PagedKV | None = None
         self.table = None
         self.features = None
@@ -106,7 +105,6 @@ class FeatureHead:
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
-        self.deterministic = not ctx.sampling.do_sample
         device = ctx.tokens.device
         feat, scores = self._catch_up(ctx.tokens)  # the root's predicted feature [1, H] and its draft scores
         pos = self.kv.valid  # the first scratch position: draft token i + 1's entry sits at pos + i
@@ -126,7 +124,6 @@ class FeatureHead:
     def propose_tree(self, ctx: DraftContext, spec: TreeSpec, budget: int) -> Draft:
         """EAGLE-2: expand by path probability (TreeGrower), one head forward per depth over the frontier."""
         device = ctx.tokens.device
-        self.deterministic = True
         grower = TreeGrower(spec, budget)
         if grower.budget <= 0:
             return Draft.empty(device)

@@ -61,7 +61,6 @@ class LookupFirst:
             raise ValueError(f"min_match={min_match} is longer than the lookup's longest n-gram ({lookup.max_n}): "
                              "it would never match")
         self.drafter, self.lookup, self.min_match, self.extend = drafter, lookup, min_match, bool(extend)
-        self.deterministic = False
         self.lookup_steps = self.drafter_steps = 0  # which of the two proposed, counted per propose call
         self.extensions = 0  # drafter chains the lookup continued (extend)
 
@@ -116,11 +115,9 @@ class LookupFirst:
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         if self.lookup_serves(self.lookup, ctx.tokens, budget):
             self.lookup_steps += 1
-            self.deterministic = True
             return self.lookup.propose(ctx, budget)
         self.drafter_steps += 1
         draft = self.drafter.propose(ctx, budget)
-        self.deterministic = draft.q_probs is None
         return self.extended(ctx, draft) if self.extend else draft
 
     def extended(self, ctx: DraftContext, draft: Draft) -> Draft:
@@ -145,15 +142,11 @@ class LookupFirst:
     def propose_tree(self, ctx: DraftContext, spec, budget: int) -> Draft:
         if self.lookup_serves(self.lookup, ctx.tokens, budget):
             self.lookup_steps += 1
-            self.deterministic = True
             return self.lookup.propose_tree(ctx, spec, budget)
         self.drafter_steps += 1
         if isinstance(self.drafter, TreeDrafter):
-            draft = self.drafter.propose_tree(ctx, spec, budget)
-        else:  # a chain is a tree of one branch (the engine cuts what runs deeper than the spec)
-            draft = self.drafter.propose(ctx, budget)
-        self.deterministic = draft.q_probs is None
-        return draft
+            return self.drafter.propose_tree(ctx, spec, budget)
+        return self.drafter.propose(ctx, budget)  # a chain is a tree of one branch (the engine cuts what runs deeper)
 
     def accept(self, num_context_tokens: int) -> None:
         self.lookup.accept(num_context_tokens)

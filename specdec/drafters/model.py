@@ -98,7 +98,6 @@ class ModelDrafter:
         self.model = model.eval()
         self.runner: ModelRunner | None = None
         self.lean = lean
-        self.deterministic = False
 
     def check_compatible(self, target) -> None:
         tv, dv = vocab_size_of(target), vocab_size_of(self.model)
@@ -127,7 +126,6 @@ class ModelDrafter:
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft:
         runner = self.runner
-        self.deterministic = not ctx.sampling.do_sample
         logits = runner.forward(ctx.tokens[runner.valid:], logits_rows=1)  # catch up + the first draft position
         device = ctx.tokens.device
         return draft_chain(ctx, budget, logits,
@@ -143,7 +141,6 @@ class ModelDrafter:
         """
         runner = self.runner
         device = ctx.tokens.device
-        self.deterministic = True
         grower = TreeGrower(spec, budget)
         if grower.budget <= 0:
             return Draft.empty(device)
