@@ -171,15 +171,6 @@ def load_saved_draft(path: Path, draft, target_fingerprint: str) -> tuple[int, f
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
 
 
-def _earlier_training(path: Path) -> dict:
-    """What a --resume-from draft had been trained on (its steps and tokens, and what it continued in turn)."""
-    trained = json.loads((path / "draft_config.json").read_text())["specdec"].get("trained", {})
-    earlier = {"draft": path.name, "steps": trained.get("steps"), "train_tokens": trained.get("train_tokens")}
-    if trained.get("continued_from"):
-        earlier["continued_from"] = trained["continued_from"]
-    return earlier
-
-
 def save_draft(draft, out: Path, target_name: str, target, target_fingerprint: str, extra: dict) -> Path:
     """draft_config.json + draft.safetensors (fp16, no shared tensors) into `out`, written beside it and
     renamed into place; refuses an existing folder."""
@@ -243,7 +234,10 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
                              args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype)
     if step < args.steps:
         return None
-    earlier = {"continued_from": _earlier_training(Path(args.resume_from))} if args.resume_from is not None else {}
+    earlier = {}
+    if args.resume_from is not None:  # what the saved draft had been trained on stays in the new record
+        saved = json.loads((Path(args.resume_from) / "draft_config.json").read_text())["specdec"].get("trained", {})
+        earlier["continued_from"] = loop.earlier_training("draft", Path(args.resume_from), saved)
     return save_draft(draft, out, args.target, target, target_print, {
         "steps": step, **earlier, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),

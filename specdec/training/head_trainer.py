@@ -183,16 +183,6 @@ def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
 
 
-def _earlier_training(path: Path) -> dict:
-    """What a --resume-from head had been trained on (its steps and tokens, and what it continued in
-    turn), for the new head's record: train_tokens counts only the data of the run that saves it."""
-    trained = json.loads((path / "head_config.json").read_text()).get("trained", {})
-    earlier = {"head": path.name, "steps": trained.get("steps"), "train_tokens": trained.get("train_tokens")}
-    if trained.get("continued_from"):
-        earlier["continued_from"] = trained["continued_from"]
-    return earlier
-
-
 def export_checkpoint(work: Path, out: Path, target) -> Path:
     """Save the head of the checkpoint in `work` (a run still in progress) to `out`, marked partial."""
     work = Path(work)
@@ -294,7 +284,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)  # every held-out answer
-    earlier = {"continued_from": _earlier_training(Path(args.resume_from))} if args.resume_from is not None else {}
+    earlier = {}
+    if args.resume_from is not None:  # what the saved head had been trained on stays in the new record
+        saved = json.loads((Path(args.resume_from) / "head_config.json").read_text()).get("trained", {})
+        earlier["continued_from"] = loop.earlier_training("head", Path(args.resume_from), saved)
     return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, **earlier,
                                 "train_seconds": round(seconds), "data_sequences": len(data.train),
                                 "positions_seen": step * args.batch * args.seq_len, "seed": args.seed, "ttt": args.ttt,

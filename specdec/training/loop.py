@@ -49,6 +49,16 @@ def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def earlier_training(kind: str, path: Path, trained: dict) -> dict:
+    """What a --resume-from head or draft (`kind`) at `path`, whose record is `trained`, had been trained on:
+    its steps and tokens, and what it continued in turn. For the new record, whose train_tokens counts only
+    the data of the run that saves it."""
+    earlier = {kind: path.name, "steps": trained.get("steps"), "train_tokens": trained.get("train_tokens")}
+    if trained.get("continued_from"):
+        earlier["continued_from"] = trained["continued_from"]
+    return earlier
+
+
 def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float) -> None:
     tensors = {f"net.{k}": v for k, v in module.state_dict().items()}
     state = opt.state_dict()
