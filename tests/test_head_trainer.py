@@ -348,3 +348,28 @@ def test_the_head_card_measures_every_mode_against_plain_decoding_on_the_same_pr
     assert all(0 <= a <= 1 for r in card["modes"].values() for a in r["accept_by_position"])
     assert all(r["c"] > 0 for r in card["modes"].values()) and three["tau"] >= 1
     assert "| k=3 |" in to_markdown(card) and card["sample"]
+
+
+def test_shards_built_from_other_prompts_or_text_are_refused_and_growing_is_not(tmp_path, zoo_target, monkeypatch):
+    """data/source.json keeps hashes of the first prompts and chunks: a rerun whose prompt set or text
+    differs (another standard library, tokenizer or prompts.build) would mix its items with the old shards'
+    silently (a shard records only how many items it holds); it is refused. A grown set is not (prefix-stable)."""
+    from specdec.training import head_data
+
+    target, tok = zoo_target
+    first = args(tmp_path, "src", steps=1)
+    train_head(first, target, tok, progress=False)
+    record = json.loads((first.work / "data" / "source.json").read_text())
+    assert len(record["prompts"]) == 12 and len(record["text"]) == 4
+    grown = args(tmp_path, "src", steps=1, num_prompts=30, out=tmp_path / "src-grown")
+    train_head(grown, target, tok, progress=False)
+    assert len(json.loads((first.work / "data" / "source.json").read_text())["prompts"]) == 30
+    chunks = head_data.text_chunks
+
+    def other_text(tok, n, tokens, seed):  # as another machine's standard library would give
+        return [c[1:] + c[:1] for c in chunks(tok, n, tokens, seed)]
+
+    monkeypatch.setattr(head_data, "text_chunks", other_text)
+    with pytest.raises(ValueError, match="built from other prompts"):
+        train_head(args(tmp_path, "src", steps=1, out=tmp_path / "src-other"), target, tok, progress=False)
+    assert not (tmp_path / "src-other").exists()

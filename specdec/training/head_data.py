@@ -12,13 +12,15 @@ Shards: work/data/chat-NNNNN.safetensors (prompt batches) and text-NNNNN.safeten
 each written to a temporary name and renamed, so an interrupted build resumes at the first missing
 shard. The prompt set and the text chunks are prefix-stable for a seed, so a build asked for more
 prompts or chunks keeps every full shard and only adds (a shard records how many items it was built
-from in its metadata; one built from fewer, the old last partial batch, is rebuilt). Tensors: tokens [N] int32, features [N, F]
-fp16, offsets [S + 1] int64 (sequence s is rows offsets[s]:offsets[s+1]), loss_from [S] int64 (the
+from in its metadata; one built from fewer, the old last partial batch, is rebuilt). data/source.json
+keeps hashes of the first prompts and chunks: shards built from another prompt set, tokenizer or
+standard library are refused, not mixed in. Tensors: tokens [N] int32, features [N, F] fp16, offsets [S + 1] int64 (sequence s is rows offsets[s]:offsets[s+1]), loss_from [S] int64 (the
 first position whose token is the target's answer; 0 for text), heldout [S] bool.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -147,6 +149,7 @@ def build(target, tok, work: Path, layers: tuple[int, ...], num_prompts: int, ma
         ps = [(ids, i % 25 == 0) for i, ids in enumerate(text_chunks(tok, num_prompts, 48, seed + 1))]
     jobs: list[tuple[str, list]] = [(f"chat-{j:05d}", ps[i:i + batch]) for j, i in enumerate(range(0, len(ps), batch))]
     chunks = text_chunks(tok, num_text_chunks, text_tokens, seed) if num_text_chunks else []
+    check_source(data, {"prompts": item_hashes(ps), "text": item_hashes(chunks)})
     jobs += [(f"text-{j:05d}", chunks[i:i + 4 * batch]) for j, i in enumerate(range(0, len(chunks), 4 * batch))]
     paths = []
     answerer = None
@@ -169,6 +172,34 @@ def build(target, tok, work: Path, layers: tuple[int, ...], num_prompts: int, ma
         if progress:
             progress(i + 1, len(jobs), n)
     return paths
+
+
+SOURCE_ITEMS = 64  # prompts (and text chunks) whose hashes data/source.json keeps
+
+
+def item_hashes(items: list) -> list[str]:
+    """Short hashes of the first SOURCE_ITEMS prompts or chunks (their token ids, and held-out flags)."""
+    return [hashlib.sha256(json.dumps(x).encode()).hexdigest()[:12] for x in items[:SOURCE_ITEMS]]
+
+
+def check_source(data: Path, record: dict[str, list[str]]) -> None:
+    """Refuse shards built from other prompts or text: data/source.json keeps the hashes of the first
+    prompts and chunks the shards came from (a shard itself records only how many), and a build whose
+    first items differ on their common prefix (another prompt set, tokenizer or standard library: the
+    sets are prefix-stable, so growing them never differs) is refused; else the record is kept, longest."""
+    path = data / "source.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    for key, hashes in record.items():
+        prev = old.get(key, [])
+        n = min(len(prev), len(hashes))
+        if prev[:n] != hashes[:n]:
+            raise ValueError(f"the shards in {data} were built from other {key} than this run's (the prompt set, "
+                             "the tokenizer or this machine's standard library differ): use a new --work folder")
+    merged = {k: max(old.get(k, []), record.get(k, []), key=len) for k in set(old) | set(record)}
+    if merged != old:
+        tmp = path.with_name(f".tmp-{os.getpid()}-source.json")
+        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+        os.replace(tmp, path)
 
 
 def shard_items(path: Path) -> int | None:
