@@ -14,8 +14,9 @@ shard. The prompt set and the text chunks are prefix-stable for a seed, so a bui
 prompts or chunks keeps every full shard and only adds (a shard records how many items it was built
 from in its metadata; one built from fewer, the old last partial batch, is rebuilt). data/source.json
 keeps hashes of the first prompts and chunks: shards built from another prompt set, tokenizer or
-standard library are refused, not mixed in. Tensors: tokens [N] int32, features [N, F] fp16, offsets [S + 1] int64 (sequence s is rows offsets[s]:offsets[s+1]), loss_from [S] int64 (the
-first position whose token is the target's answer; 0 for text), heldout [S] bool.
+standard library are refused, not mixed in. Tensors: tokens [N] int32, features [N, F] fp16, offsets
+[S + 1] int64 (sequence s is rows offsets[s]:offsets[s+1]), loss_from [S] int64 (the first position
+whose token is the target's answer; 0 for text), heldout [S] bool.
 """
 from __future__ import annotations
 
