@@ -155,7 +155,6 @@ class PromptLookup:
     O(context).
     """
 
-
     def __init__(self, min_n: int = 1, max_n: int = 3, max_matches: int = 4):
         NgramIndex(min_n, max_n, max_matches)  # validate arguments now, not at the first propose
         self.min_n, self.max_n, self.max_matches = min_n, max_n, max_matches

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..drafters import FeatureHead
+from ..stats import SpecStats
 from ..tree import TreeSpec
 
 
@@ -41,7 +42,8 @@ def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: 
     modes["adaptive"] = {}
     modes["tree dynamic(16, 5, 4), 16 nodes"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4), draft_length=16)
     modes["tree dynamic(16, 5, 4), adaptive"] = dict(tree=TreeSpec.dynamic(nodes=16, depth=5, topk=4))
-    sums = {name: {"taus": [], "c": [], "acc": [], "tested": []} for name in modes}
+    runs: dict[str, list[SpecStats]] = {name: [] for name in modes}
+    c: dict[str, list[float]] = {name: [] for name in modes}
     sample = None
     for ids in ids_list:  # prompt by prompt, plain decoding then every mode: c's two times are taken together
         def run(drafter, **kw):
@@ -51,28 +53,20 @@ def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: 
         plain_tpot = run(None, draft_length=0).stats.tpot_s
         for name, kw in modes.items():
             out = run(head, **kw)
-            st, tally = out.stats, sums[name]
+            st = out.stats
             if sample is None and name == "adaptive":
                 sample = tok.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True)
-            tally["taus"].append(st.mean_accepted_length)
+            runs[name].append(st)
             if st.drafted_tokens:
-                tally["c"].append(st.draft_s / st.drafted_tokens / plain_tpot)
-            tally["acc"] = _add(tally["acc"], st.accepted_by_position)
-            tally["tested"] = _add(tally["tested"], st.tested_by_position)
-    rows = {name: {"tau": round(sum(a["taus"]) / len(a["taus"]), 3),
-                   "accept_by_position": [round(x / y, 3) for x, y in zip(a["acc"], a["tested"]) if y],
-                   "c": round(sum(a["c"]) / len(a["c"]), 4) if a["c"] else None} for name, a in sums.items()}
+                c[name].append(st.draft_s / st.drafted_tokens / plain_tpot)
+    rows = {name: {"tau": round(sum(s.mean_accepted_length for s in stats) / len(stats), 3),
+                   "accept_by_position": [round(a, 3) for a in SpecStats.combine(stats).per_position_acceptance],
+                   "c": round(sum(c[name]) / len(c[name]), 4) if c[name] else None} for name, stats in runs.items()}
     cfg = json.loads((Path(head_dir) / "head_config.json").read_text())
     return {"head": Path(head_dir).name, "trained": cfg.get("trained", {}), "draft_vocab": cfg.get("draft_vocab"),
             "feature_layers": cfg["feature_layers"], "params": sum(p.numel() for p in head.net.parameters()),
             "measured_on": f"{len(ids_list)} held-out prompts, {new_tokens} new tokens, greedy",
             "modes": rows, "sample": sample, "measured": time.strftime("%Y-%m-%d")}
-
-
-def _add(a: list, b: list) -> list:
-    """Element-wise sum of two counts by position, the shorter padded with zeros."""
-    n = max(len(a), len(b))
-    return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
 
 
 def to_markdown(card: dict) -> str:
