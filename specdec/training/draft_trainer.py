@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from ..drafters.head_model import fingerprint
 from ..files import refuse_existing, staged_folder
+from ..zoo import derived
 from . import head_data, loop
 from .head_trainer import check_target, load_target
 
@@ -151,8 +152,6 @@ def heldout_agreement(draft, target_head: torch.Tensor, data: head_data.Dataset,
 def load_saved_draft(path: Path, draft, target_fingerprint: str) -> tuple[int, float]:
     """Load a saved draft's own weights (save_draft) into `draft`; returns its (steps, training seconds).
     Refuses a draft trained for another target or with another number of layers."""
-    from safetensors.torch import load_file
-
     cfg = json.loads((Path(path) / "draft_config.json").read_text())
     info = cfg.get("specdec", {})
     if info.get("target_fingerprint") != target_fingerprint:
@@ -161,12 +160,7 @@ def load_saved_draft(path: Path, draft, target_fingerprint: str) -> tuple[int, f
     if cfg.get("num_hidden_layers") != draft.config.num_hidden_layers:
         raise ValueError(f"--resume-from {path}: that draft has {cfg.get('num_hidden_layers')} layers, this run "
                          f"builds {draft.config.num_hidden_layers} (--layers)")
-    own = {k: v.float() for k, v in load_file(str(Path(path) / "draft.safetensors")).items()}
-    missing, unexpected = draft.load_state_dict(own, strict=False)
-    shared = {"model.embed_tokens.weight", "lm_head.weight"}
-    if set(missing) - shared or unexpected:
-        raise ValueError(f"--resume-from {path}: draft.safetensors does not fit this draft: missing "
-                         f"{sorted(set(missing) - shared)[:4]}, unexpected {sorted(unexpected)[:4]}")
+    derived.load_layers(draft, path)
     trained = info.get("trained", {})
     return int(trained.get("steps", 0)), float(trained.get("train_seconds", 0.0))
 
@@ -174,12 +168,11 @@ def load_saved_draft(path: Path, draft, target_fingerprint: str) -> tuple[int, f
 def save_draft(draft, out: Path, target_name: str, target, target_fingerprint: str, extra: dict) -> Path:
     """draft_config.json + draft.safetensors (fp16, no shared tensors) into `out`, written beside it and
     renamed into place; refuses an existing folder."""
-    shared = {"model.embed_tokens.weight", "lm_head.weight"}
     cfg = draft.config.to_dict()
     cfg["specdec"] = {"embeddings_from": target_name, "target_fingerprint": target_fingerprint,
                       "target_architecture": type(target).__name__, "trained": extra}
     with staged_folder(out) as tmp:
-        state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items() if k not in shared}
+        state = {k: v.detach().half().contiguous() for k, v in draft.state_dict().items() if k not in derived.SHARED}
         save_file(state, str(tmp / "draft.safetensors"))
         (tmp / "draft_config.json").write_text(json.dumps(cfg, indent=1))
     return out

@@ -47,11 +47,26 @@ def shared_with(src: Path) -> str:
     return json.loads((Path(src) / CONFIG).read_text())["specdec"]["embeddings_from"]
 
 
+SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # the target's tensors: never in draft.safetensors
+
+
+def load_layers(model, src: Path) -> None:
+    """Load a derived draft's own weights (src/draft.safetensors, all but SHARED) into `model`, float32;
+    refuses a file that does not fit the model (a weight it lacks, or one it has no place for)."""
+    from safetensors.torch import load_file
+
+    own = {k: v.float() for k, v in load_file(str(Path(src) / "draft.safetensors")).items()}
+    missing, unexpected = model.load_state_dict(own, strict=False)
+    missing = set(missing) - set(SHARED)
+    if missing or unexpected:
+        raise ValueError(f"{src}/draft.safetensors does not fit its config: missing {sorted(missing)[:4]}, "
+                         f"unexpected {sorted(unexpected)[:4]}")
+
+
 def materialise(src: Path, target_dir: Path, out: Path) -> Path:
     """A derived draft's shipped folder `src` + its target's HF folder -> a complete HF folder at `out`
     (which must not exist; written beside it and renamed)."""
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..drafters.head_model import fingerprint
@@ -66,15 +81,11 @@ def materialise(src: Path, target_dir: Path, out: Path) -> Path:
                          f"{info['target_fingerprint']}; {target_dir} has {fingerprint(target)}: another model")
     config = AutoConfig.for_model(**cfg)
     draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    own = {k: v.float() for k, v in load_file(str(src / "draft.safetensors")).items()}
-    own["model.embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
-    if not config.tie_word_embeddings:
-        own["lm_head.weight"] = target.get_output_embeddings().weight.detach().clone()
-    missing, unexpected = draft.load_state_dict(own, strict=False)
-    missing = set(missing) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
-    if missing or unexpected:
-        raise ValueError(f"{src}/draft.safetensors does not fit its config: missing {sorted(missing)[:4]}, "
-                         f"unexpected {sorted(unexpected)[:4]}")
+    load_layers(draft, src)
+    with torch.no_grad():
+        draft.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+        if not config.tie_word_embeddings:
+            draft.get_output_embeddings().weight.copy_(target.get_output_embeddings().weight)
     draft.tie_weights()
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-{os.getpid()}-", dir=out.parent))
