@@ -223,21 +223,28 @@ def test_a_one_layer_head_continues_as_a_two_layer_head_computing_the_same_funct
 
 
 def test_the_prompt_set_is_varied_prefix_stable_and_never_overlaps_the_benchmark():
-    """The composed prompt set draws from three families (everyday requests in many forms, task x topic,
-    code writing and editing); build(n) is a prefix of build(m) for n < m (a grown data build keeps its
-    shards); no prompt shares a five-word run with a benchmark prompt; a few percent are held out."""
+    """The composed prompt set draws from five families (everyday requests in many forms, task x topic,
+    wider everyday requests, code writing and editing); build(n) is a prefix of build(m) for n < m (a grown
+    data build keeps its shards); no prompt shares a five-word run with a benchmark prompt; a few percent
+    are held out; past the chat families' pools the set grows with code only."""
     from specdec.training import prompts
 
     many = prompts.build(1200, seed=3)
     assert prompts.build(300, seed=3) == many[:300] and prompts.build(300, seed=4) != many[:300]
     users = [p["user"] for p in many]
     assert len(set(users)) == len(users)
-    everyday = set(prompts.everyday_requests())
+    everyday, wider = set(prompts.everyday_requests()), set(prompts.wider_requests())
     templated = {t.format(t=topic) for t in prompts.TASKS for topic in prompts.TOPICS}
     edits = [u for u in users if "```python" in u]
-    n_everyday, n_templated = sum(u in everyday for u in users), sum(u in templated for u in users)
-    assert 0.3 < n_everyday / len(users) < 0.5 and 0.2 < n_templated / len(users) < 0.4 and 0.1 < len(edits) / len(users) < 0.2
+    shares = [sum(u in family for u in users) / len(users) for family in (everyday, templated, wider)]
+    assert 0.1 < shares[0] < 0.2 and 0.2 < shares[1] < 0.3 and 0.3 < shares[2] < 0.4, shares
+    assert 0.08 < len(edits) / len(users) < 0.17
     assert all(p["kind"] == "code" for p in many if "```python" in p["user"])
+    assert all(p["kind"] == "chat" for p in many if p["user"] in wider)
+    chat_pool = len(everyday | templated | wider)
+    grown = prompts.build(chat_pool + 4000, seed=3)
+    tail = grown[-1500:]  # every chat pool is used up by then
+    assert sum(p["kind"] == "chat" for p in grown) <= chat_pool and all(p["kind"] == "code" for p in tail)
     bench = prompts.benchmark_shingles()
     assert bench and not any(prompts._shingles(u) & bench for u in users)
     # the filter has power: a benchmark prompt itself would be dropped

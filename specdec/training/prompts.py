@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from ..zoo.corpus import module_files
+from .chat_words import wider_requests
 from .prompt_words import CODE_EDITS, everyday_requests
 
 TASKS = [
@@ -120,24 +121,25 @@ def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18)
 def build(n: int, seed: int = 0) -> list[dict]:
     """n prompts, as {"system": str, "user": str, "kind": "chat"|"code"}, deterministic for a seed.
 
-    Four families, drawn at random in turn: everyday requests in many forms (prompt_words.py, ~40 %),
-    task x topic requests (~30 %), code writing from a standard-library summary (~15 %) and editing a
-    short standard-library function (~15 %). The pools are finite: a used-up family stops being drawn, so
-    past the two chat families' ~3,200 prompts (used up near prompt 4,500 for seed 0) the set grows with
-    coding requests only."""
+    Five families, drawn at random in turn: everyday requests in many forms (prompt_words.py, ~15 %),
+    task x topic requests (~25 %), wider everyday requests (chat_words.py, ~35 %), code writing from a
+    standard-library summary (~12.5 %) and editing a short standard-library function (~12.5 %). The
+    pools are finite: a used-up family stops being drawn, so past the three chat families' ~5,600
+    prompts (used up near prompt 7,500 for seed 0) the set grows with coding requests only."""
     rng = random.Random(seed)
     bench = benchmark_shingles()
     chat = [t.format(t=topic) for t in TASKS for topic in TOPICS]
     everyday = everyday_requests()
+    wider = wider_requests()
     write = []
     for s in stdlib_summaries():
         lower = s[0].lower() + s[1:-1]
         write += [t.format(s=s, s_lower=lower) for t in CODE_TASKS]
     edit = [f"{rng.choice(CODE_EDITS)}\n\n```python\n{src}\n```" for src in stdlib_functions()]
-    pools = {"everyday": everyday, "chat": chat, "write": write, "edit": edit}
+    pools = {"everyday": everyday, "chat": chat, "wider": wider, "write": write, "edit": edit}
     for pool in pools.values():
         rng.shuffle(pool)
-    weights = {"everyday": 0.4, "chat": 0.3, "write": 0.15, "edit": 0.15}
+    weights = {"everyday": 0.15, "chat": 0.25, "wider": 0.35, "write": 0.125, "edit": 0.125}
     taken = dict.fromkeys(pools, 0)
     out, seen = [], set()
     while len(out) < n:
