@@ -377,6 +377,8 @@ def test_shards_built_from_other_prompts_or_text_are_refused_and_growing_is_not(
         return [c[1:] + c[:1] for c in chunks(tok, n, tokens, seed)]
 
     monkeypatch.setattr(head_data, "text_chunks", other_text)
-    with pytest.raises(ValueError, match="built from other prompts"):
-        train_head(args(tmp_path, "src", steps=1, out=tmp_path / "src-other"), target, tok, progress=False)
+    kept = {name: (first.work / name).read_text() for name in ("manifest.json", "data/source.json")}
+    with pytest.raises(ValueError, match="built from other prompts"):  # grown as well: refused all the same
+        train_head(args(tmp_path, "src", steps=1, num_prompts=40, out=tmp_path / "src-other"), target, tok, progress=False)
     assert not (tmp_path / "src-other").exists()
+    assert kept == {name: (first.work / name).read_text() for name in kept}  # the refused run changed nothing

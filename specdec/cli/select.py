@@ -25,6 +25,7 @@ import torch
 
 from ..files import save_figure, write_text
 from ..policy import expected_tokens
+from ..stats import SpecStats
 
 
 def _line(points: dict[int, float]) -> tuple[float, float]:
@@ -75,12 +76,9 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
                 for k, m in probes.items():
                     runs[k].append(m.generate(p, **fixed, **sampling).stats)
             stats = runs[max_k]
-            tested = [sum(s.tested_by_position[j] for s in stats if j < len(s.tested_by_position))
-                      for j in range(max_k)]
-            acc = [sum(s.accepted_by_position[j] for s in stats if j < len(s.accepted_by_position))
-                   for j in range(max_k)]
-            alphas = [a / t if t else 0.0 for a, t in zip(acc, tested)]
-            t_draft = sum(s.draft_s for s in stats) / max(1, sum(s.drafted_tokens for s in stats))
+            pooled = SpecStats.combine(stats)  # drafts and acceptance by position summed over the prompts
+            alphas = (pooled.per_position_acceptance + [0.0] * max_k)[:max_k]
+            t_draft = pooled.draft_s / max(1, pooled.drafted_tokens)
             t_plain = sum(s.decode_s for s in plain_stats) / max(1, sum(s.new_tokens - 1 for s in plain_stats))
             step_s = {k: sum(s.decode_s for s in st) / max(1, sum(s.target_forwards for s in st))
                       for k, st in runs.items()}
@@ -92,7 +90,7 @@ def select_draft(target, drafts: dict, prompts: list[torch.Tensor], temperatures
             for k in range(1, max_k + 1):
                 spec_s = prefill_spec + emitted / expected_tokens(alphas, k) * (a0 + b0 * k)
                 predicted[k] = (prefill_plain + emitted * t_plain) / spec_s
-            rec = {"per_position_acceptance": alphas, "alpha": sum(acc) / max(1, sum(tested)),
+            rec = {"per_position_acceptance": alphas, "alpha": pooled.alpha,
                    "tau": statistics.mean(s.mean_accepted_length for s in stats), "c": t_draft / t_plain,
                    "t_plain_s": t_plain, "step_s_measured": step_s, "step_s_line": [a0, b0],
                    "predicted_speedup": predicted}

@@ -235,10 +235,9 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers)
     dtype = loop.compute_dtype(args.precision, device)
     data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
-    head_data.write_manifest(work, {"target_fingerprint": config.target_fingerprint,
-                                    "feature_layers": list(config.feature_layers),
-                                    **({"answer_dtype": "bfloat16"} if dtype == torch.bfloat16 else {}),
-                                    **{k: getattr(args, k) for k in data_keys}})
+    manifest = {"target_fingerprint": config.target_fingerprint, "feature_layers": list(config.feature_layers),
+                **({"answer_dtype": "bfloat16"} if dtype == torch.bfloat16 else {}),
+                **{k: getattr(args, k) for k in data_keys}}
     bar = tqdm(total=1, desc="data", disable=not progress)
 
     def shown(i, n, _tokens):
@@ -248,7 +247,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
 
     paths = head_data.build(target, tok, work, config.feature_layers, args.num_prompts, args.max_new_tokens,
                             args.num_text_chunks, args.text_tokens, args.gen_batch, args.seed, shown,
-                            answer_dtype=dtype)
+                            answer_dtype=dtype, manifest=manifest)
     bar.close()
     data = head_data.Dataset(paths)
     vocab = config.vocab_size
