@@ -106,7 +106,7 @@ def test_tokens_past_the_budget_must_be_free_deterministic_and_within_room():
 
 
 def test_the_engine_verifies_the_free_tokens_and_plans_from_the_drafters_own():
-    """Adaptive (room up to max_draft_length), every step the drafter's (an oracle of the target's greedy
+    """Adaptive (room up to max_draft_length, a plan of 3), every step the drafter's (an oracle of the target's greedy
     text; the lookup only continues its chains): the target's greedy output, chains continued by the
     lookup, and the policy told only the drafted part of each step: what it saw plus the free tokens is
     what the stats count as drafted."""
@@ -140,15 +140,19 @@ def test_the_engine_verifies_the_free_tokens_and_plans_from_the_drafters_own():
         seen.append(k)
         return observe(self, k, n, *args, **kwargs)
 
+    plan = Adaptive.next_length
     Adaptive.observe = spy
+    # the plan is fixed short of the room (8): the adaptive plan follows measured timings, and one that
+    # reached the room under load left no place for free tokens (the test failed once that way)
+    Adaptive.next_length = lambda self: 3
     try:
         out = specdec.wrap(target, drafter=drafter).generate(base, max_new_tokens=40, eos_token_id=None,
                                                              do_sample=False, return_dict_in_generate=True)
     finally:
-        Adaptive.observe = observe
+        Adaptive.observe, Adaptive.next_length = observe, plan
     assert torch.equal(out.sequences, ref)
     assert drafter.extensions > 0 and drafter.free > 0 and drafter.lookup_steps == 0
-    assert sum(seen) + drafter.free == out.stats.drafted_tokens
+    assert seen and max(seen) <= 3 and sum(seen) + drafter.free == out.stats.drafted_tokens
 
 
 @pytest.mark.parametrize("inner", ["model", "head", "early exit"])
