@@ -273,6 +273,21 @@ def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw):
         assert out.stats.mean_accepted_length > 1.15
 
 
+def test_the_head_card_measures_held_out_prompts_of_the_kind_asked(smollm2):
+    """head-card's prompts for a chat target: the trainer's held-out prompts of one kind, rendered with the
+    chat template (the card measures chat, what the benchmark asks; the set's held-out code is asked apart)."""
+    from specdec.training import prompts
+    from specdec.training.head_card import card_prompts
+
+    _, tok = smollm2
+    held = [p for p in prompts.build(4000, seed=0) if prompts.is_heldout(p)]
+    for kind in ("chat", "code"):
+        ids = card_prompts(tok, 3, kind)
+        want = [p["user"] for p in held if p["kind"] == kind][:3]
+        assert len(ids) == 3 and all(x.shape[0] == 1 for x in ids)
+        assert all(user.strip() in tok.decode(x[0]) for user, x in zip(want, ids))
+
+
 def test_smollm2_plain_draft_is_exact_in_specdec_and_hf_assisted_and_drafts_well(smollm2):
     """The shipped plain draft (two of SmolLM2's layers, distilled; its embedding joined from the target on
     first use): specdec with it, float32 and int8, and HF's assisted generation with it all give SmolLM2's

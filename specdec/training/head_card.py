@@ -2,10 +2,10 @@
 
 card.json (and CARD.md) beside head_config.json: the training facts (tokens, steps, seconds, held-out
 acceptance by position from the trainer), then, from greedy generations on held-out prompts (the
-trainer's held-out prompt split for a chat target, the zoo's held-out prompts otherwise): acceptance by
-position and tau at each fixed k, adaptive and a dynamic tree; c (the draft's seconds per drafted token
-over plain decoding's seconds per token on the same prompt, run just before it, averaged over prompts:
-a ratio, not a speed claim), and a sample output.
+trainer's held-out chat prompts for a chat target, what the benchmark asks; the zoo's held-out prompts
+otherwise): acceptance by position and tau at each fixed k, adaptive and a dynamic tree; c (the draft's
+seconds per drafted token over plain decoding's seconds per token on the same prompt, run just before
+it, averaged over prompts: a ratio, not a speed claim), and a sample output.
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ from ..stats import SpecStats
 from ..tree import TreeSpec
 
 
-def card_prompts(tok, n: int) -> list[torch.Tensor]:
+def card_prompts(tok, n: int, kind: str = "chat") -> list[torch.Tensor]:
+    """n held-out prompts [1, T] of one kind ("chat" or "code") for a chat target; zoo prompts otherwise."""
     from .. import zoo
     from . import head_data, prompts
 
     if getattr(tok, "chat_template", None):
-        held = [p for p in prompts.build(4000, seed=0) if prompts.is_heldout(p)][:n]
+        held = [p for p in prompts.build(4000, seed=0) if prompts.is_heldout(p) and p["kind"] == kind][:n]
         return [torch.tensor([head_data.render(tok, p)]) for p in held]
     return [tok(p, return_tensors="pt").input_ids for p in zoo.prompts(n)]
 
@@ -65,7 +66,8 @@ def measure_head(head_dir: Path, target, tok, num_prompts: int = 8, new_tokens: 
     cfg = json.loads((Path(head_dir) / "head_config.json").read_text())
     return {"head": Path(head_dir).name, "trained": cfg.get("trained", {}), "draft_vocab": cfg.get("draft_vocab"),
             "feature_layers": cfg["feature_layers"], "params": sum(p.numel() for p in head.net.parameters()),
-            "measured_on": f"{len(ids_list)} held-out prompts, {new_tokens} new tokens, greedy",
+            "measured_on": f"{len(ids_list)} held-out {'chat ' if getattr(tok, 'chat_template', None) else ''}"
+                           f"prompts, {new_tokens} new tokens, greedy",
             "modes": rows, "sample": sample, "measured": time.strftime("%Y-%m-%d")}
 
 
