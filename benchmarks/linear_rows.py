@@ -10,6 +10,10 @@ HF's modules do; all settings and block sizes alternating round by round, median
 modules on the same block (`model(...)` with its KV cache) for reference. The ratio column is what the
 speculative engine's cost model sees: a block of n tokens against one token. The weight-first and
 packed columns are forced on whatever this machine's rules chose (the header says what they chose).
+`--profile` adds where HF's forward spends it: the matrix products of one profiled forward per block size
+by weight shape (torch.profiler, `aten::mm` self time), which shows a block size falling onto a slow GEMM
+kernel (on an AMD EPYC, SmolLM2's 3-token block cost more than its 4-token one: results/block_cost.md,
+written by this option's former script, block_cost.py).
 """
 import argparse
 import json
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import specdec
 from specdec.cache.pool import BlockTable, PagePool
@@ -33,6 +38,7 @@ ap.add_argument("--context", type=int, default=128)
 ap.add_argument("--rounds", type=int, default=9)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+ap.add_argument("--profile", action="store_true", help="add HF's matrix products by weight shape per block size")
 ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "linear_rows"))
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
@@ -99,11 +105,28 @@ lines = ["# The target's forward cost by block size and how its linears multiply
 for n in a.sizes:
     lines.append(f"| {n} | " + " | ".join(f"{med[(m, n)]:.1f} | {med[(m, n)] / one[m]:.2f}x | {med[(m, n)] / hf1:.2f}x"
                                           for m in modes) + " |")
+mm: dict[int, dict[str, float]] = {}
+if a.profile:  # HF's modules, one profiled forward per block size: aten::mm self time by weight shape
+    with torch.no_grad():
+        for n in a.sizes:
+            past = model(input_ids=context[None], use_cache=True).past_key_values
+            block = torch.randint(0, vocab, (1, n), generator=g)
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                model(input_ids=block, past_key_values=past, use_cache=True)
+            rows = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::mm"]
+            mm[n] = {"x".join(map(str, e.input_shapes[1])): e.self_cpu_time_total / 1000 for e in rows}
+    shapes = sorted({s for d in mm.values() for s in d}, key=lambda s: -max(d.get(s, 0) for d in mm.values()))[:4]
+    lines += ["", "HF modules, one profiled forward per block size: `aten::mm` self time by weight shape.", "",
+              "| block (tokens) | all mm ms | " + " | ".join(f"mm {s} ms" for s in shapes) + " |",
+              "|---|---|" + "---|" * len(shapes)]
+    lines += [f"| {n} | {sum(mm[n].values()):.1f} | " + " | ".join(f"{mm[n].get(s, 0):.1f}" for s in shapes) + " |"
+              for n in a.sizes]
 Path(a.out).parent.mkdir(parents=True, exist_ok=True)
 Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
                                              "max_rows": linear.SHORT_BLOCK_ROWS,
                                              "packed_from_rows": {str(d): n for d, n in packed.FROM_ROWS.items()},
                                              "machine": linear.machine(),
-                                             "ms": {f"{m}|{n}": v for (m, n), v in med.items()}}, indent=1))
+                                             "ms": {f"{m}|{n}": v for (m, n), v in med.items()},
+                                             **({"mm_ms": mm} if mm else {})}, indent=1))
 print("\n".join(lines))
