@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 
+from .prompt_words import expand
+
 THINGS = [
     "octopuses", "the Great Wall of China", "hot air balloons", "sourdough bread", "the Amazon river",
     "lightning", "coral reefs", "the Eiffel Tower", "submarines", "glaciers", "the human brain", "owls",
@@ -155,18 +157,15 @@ REWRITE_FORMS = [
 
 def wider_requests() -> list[str]:
     """Every request of this family, in a fixed order (prompts.build shuffles it with its own seed)."""
-    out = [f.format(x=x) for f in THING_FORMS for x in THINGS]
-    out += [f.format(x=x) for f in HOBBY_FORMS for x in HOBBIES]
+    out = expand(THINGS, THING_FORMS) + expand(HOBBIES, HOBBY_FORMS)
     for i, (a, b, c) in enumerate(itertools.combinations(INGREDIENTS, 3)):
         if i % 3 == 0:  # every third combination: ~670 fridges, every ingredient in many
             out.append(f"I have {a}, {b} and {c}. What can I make for {MEALS[i % len(MEALS)]}?")
-    out += [f.format(x=x) for f in TRIP_FORMS for x in TRIPS]
-    out += [f"Explain {t} to {who}." for t in TOPICS for who in AUDIENCES]
-    out += [f.format(a=a, b=b) for f in DECISION_FORMS for a, b in DECISIONS]
-    out += [f.format(x=x) for f in IDEA_FORMS for x in OCCASIONS]
-    out += [f"Write {g} about {s}." for g in GENRES for s in SUBJECTS]
-    out += [f.format(x=x[0].upper() + x[1:]) for f in PROBLEM_FORMS for x in PROBLEMS]
-    out += [f.format(x=x) for f in REWRITE_FORMS for x in SENTENCES]
-    out += [f.format(x=x) for f in JOB_FORMS for x in JOBS]
-    out += [f.format(x=x) for f in PLACE_FORMS for x in PLACES]
+    out += expand(TRIPS, TRIP_FORMS)
+    out += expand(AUDIENCES, [f"Explain {t} to {{x}}." for t in TOPICS])
+    out += expand(DECISIONS, DECISION_FORMS)
+    out += expand(OCCASIONS, IDEA_FORMS)
+    out += expand(SUBJECTS, [f"Write {g} about {{x}}." for g in GENRES])
+    out += expand([x[0].upper() + x[1:] for x in PROBLEMS], PROBLEM_FORMS)
+    out += expand(SENTENCES, REWRITE_FORMS) + expand(JOBS, JOB_FORMS) + expand(PLACES, PLACE_FORMS)
     return out

@@ -10,13 +10,13 @@ it, averaged over prompts: a ratio, not a speed claim), and a sample output.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from ..drafters import FeatureHead
+from ..files import write_text
 from ..stats import SpecStats
 from ..tree import TreeSpec
 
@@ -94,7 +94,5 @@ def to_markdown(card: dict) -> str:
 
 def write_card(head_dir: Path, card: dict) -> None:
     head_dir = Path(head_dir)
-    for name, text in (("card.json", json.dumps(card, indent=1)), ("CARD.md", to_markdown(card))):
-        tmp = head_dir / f".tmp-{os.getpid()}-{name}"
-        tmp.write_text(text)
-        os.replace(tmp, head_dir / name)
+    write_text(head_dir / "card.json", json.dumps(card, indent=1))
+    write_text(head_dir / "CARD.md", to_markdown(card))

@@ -30,6 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from ..files import write_text
 from ..hf.features import FeatureCapture
 from ..zoo.corpus import read_texts
 from ..rows import left_pad
@@ -154,9 +155,10 @@ def build(target, tok, work: Path, layers: tuple[int, ...], num_prompts: int, ma
     chunks = text_chunks(tok, num_text_chunks, text_tokens, seed) if num_text_chunks else []
     source = check_source(data, {"prompts": item_hashes(ps), "text": item_hashes(chunks)})
     data.mkdir(parents=True, exist_ok=True)
-    write_source(data, source)
+    if source is not None:
+        write_text(data / "source.json", json.dumps(source, indent=1, sort_keys=True))
     if manifest_changed:
-        _write_json_atomic(work / "manifest.json", manifest)
+        write_text(work / "manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
     jobs += [(f"text-{j:05d}", chunks[i:i + 4 * batch]) for j, i in enumerate(range(0, len(chunks), 4 * batch))]
     paths = []
     answerer = None
@@ -205,18 +207,6 @@ def check_source(data: Path, record: dict[str, list[str]]) -> dict | None:
                              "the tokenizer or this machine's standard library differ): use a new --work folder")
     merged = {k: max(old.get(k, []), record.get(k, []), key=len) for k in set(old) | set(record)}
     return merged if merged != old else None
-
-
-def write_source(data: Path, record: dict | None) -> None:
-    """Keep check_source's record in data/source.json (nothing to do for None)."""
-    if record is not None:
-        _write_json_atomic(data / "source.json", record)
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def shard_items(path: Path) -> int | None:

@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..files import write_text
+
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -69,9 +71,7 @@ def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds
     tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     os.replace(tmp, work / "checkpoint.safetensors")
-    tmpj = work / f".tmp-{os.getpid()}-checkpoint.json"
-    tmpj.write_text(json.dumps(meta))
-    os.replace(tmpj, work / "checkpoint.json")
+    write_text(work / "checkpoint.json", json.dumps(meta))
 
 
 def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float]:

@@ -124,14 +124,12 @@ CODE_EDITS = [
 ]
 
 
+def expand(subjects: list, forms: list[str]) -> list[str]:
+    """Every form filled with every subject, form by form: a subject is a string ({x}) or a pair ({a}, {b})."""
+    return [form.format(a=item[0], b=item[1]) if isinstance(item, tuple) else form.format(x=item)
+            for form in forms for item in subjects]
+
+
 def everyday_requests() -> list[str]:
     """Every (form, subject) request, in a fixed order."""
-    out = []
-    for subjects, forms in EVERYDAY_FORMS:
-        for form in forms:
-            for item in subjects:
-                if isinstance(item, tuple):
-                    out.append(form.format(a=item[0], b=item[1]))
-                else:
-                    out.append(form.format(x=item))
-    return out
+    return [request for subjects, forms in EVERYDAY_FORMS for request in expand(subjects, forms)]
