@@ -1,6 +1,6 @@
 """Atomic file writes: a crash leaves the old file or the new one, never half of one.
 
-Reports, cards and checkpoints are written to a temporary name in the same folder, then renamed
+Reports, cards, data shards and checkpoints are written to a temporary name in the same folder, then renamed
 (os.replace is atomic on one file system); a trained model's folder is filled as a temporary folder and
 renamed the same way."""
 from __future__ import annotations
@@ -16,6 +16,19 @@ def write_text(path, text: str) -> None:
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_tensors(tensors: dict, path, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file (each tensor made contiguous), written atomically like write_text."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from ..files import write_text
+from ..files import save_tensors, write_text
 from ..hf.features import FeatureCapture
 from ..zoo.corpus import read_texts
 from ..rows import left_pad
@@ -101,12 +100,6 @@ def text_chunks(tok, n: int, tokens_per_chunk: int, seed: int) -> list[list[int]
     return out
 
 
-def _save_atomic(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
-
 FEATURE_BATCH_TOKENS = 4096  # padded positions per teacher-forced forward while a shard is written
 
 
@@ -127,7 +120,7 @@ def write_shard(path: Path, seqs: list[tuple[list[int], int, bool]], target, lay
     offsets = [0]
     for t in tensors:
         offsets.append(offsets[-1] + len(t))
-    _save_atomic({"tokens": torch.cat(tensors).to(torch.int32), "features": torch.cat(feats),
+    save_tensors({"tokens": torch.cat(tensors).to(torch.int32), "features": torch.cat(feats),
                   "offsets": torch.tensor(offsets, dtype=torch.long),
                   "loss_from": torch.tensor([s[1] for s in seqs], dtype=torch.long),
                   "heldout": torch.tensor([s[2] for s in seqs], dtype=torch.bool)}, path, {"items": str(items)})

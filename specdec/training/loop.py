@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from ..files import write_text
+from ..files import save_tensors, write_text
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -68,9 +67,7 @@ def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
     meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1)}
-    tmp = work / f".tmp-{os.getpid()}-checkpoint.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, work / "checkpoint.safetensors")
+    save_tensors(tensors, work / "checkpoint.safetensors")
     write_text(work / "checkpoint.json", json.dumps(meta))
 
 
