@@ -98,8 +98,9 @@ lines = ["# How the head's acceptance grew with training", "", f"`{cmd}`", "",
 for r in rows:
     cells = [f"{f['accept'][0]:.3f} / {f['accept'][1]:.3f} / {f['accept'][2]:.3f}, {f['tau']:.2f}"
              for f in r["by_family"].values()]
-    lines.append(f"| {r['version']} | {r['date']} | {r['steps']} | {r['positions_seen'] / 1e6:.1f} M | "
-                 (f"{r['run_tokens'] / 1e3:.0f} K | " if r["run_tokens"] else "not recorded | ") + " | ".join(cells) + " |")
+    run_tokens = f"{r['run_tokens'] / 1e3:.0f} K" if r["run_tokens"] else "not recorded"
+    lines.append(f"| {r['version']} | {r['date']} | {r['steps']} | {r['positions_seen'] / 1e6:.1f} M | {run_tokens} | "
+                 + " | ".join(cells) + " |")
 specdec.files.write_text(Path(a.out + ".md"), "\n".join(lines) + "\n")
 specdec.files.write_text(Path(a.out + ".json"), json.dumps(rows, indent=1))
 print("\n".join(lines))
