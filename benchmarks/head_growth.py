@@ -61,7 +61,7 @@ def measure(folder: Path, label: str, date: str) -> dict:
     head = FeatureHead.from_pretrained(folder, target)
     trained = json.loads((folder / "head_config.json").read_text()).get("trained", {})
     row = {"version": label, "date": date, "steps": trained.get("steps"),
-           "positions_seen": trained.get("positions_seen") or trained.get("steps", 0) * 8 * 256,
+           "positions_seen": trained.get("positions_seen"),
            "run_tokens": trained.get("train_tokens"), "by_family": {}}
     head.net.eval()
     for name, items in split.items():
@@ -99,7 +99,8 @@ for r in rows:
     cells = [f"{f['accept'][0]:.3f} / {f['accept'][1]:.3f} / {f['accept'][2]:.3f}, {f['tau']:.2f}"
              for f in r["by_family"].values()]
     run_tokens = f"{r['run_tokens'] / 1e3:.0f} K" if r["run_tokens"] else "not recorded"
-    lines.append(f"| {r['version']} | {r['date']} | {r['steps']} | {r['positions_seen'] / 1e6:.1f} M | {run_tokens} | "
+    seen = f"{r['positions_seen'] / 1e6:.1f} M" if r["positions_seen"] else "not recorded"
+    lines.append(f"| {r['version']} | {r['date']} | {r['steps']} | {seen} | {run_tokens} | "
                  + " | ".join(cells) + " |")
 specdec.files.write_text(Path(a.out + ".md"), "\n".join(lines) + "\n")
 specdec.files.write_text(Path(a.out + ".json"), json.dumps(rows, indent=1))
