@@ -11,37 +11,35 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def write_text(path, text: str) -> None:
+@contextmanager
+def _replacing(path):
+    """Yield a temporary name beside `path` to write; renamed to `path` when the block completes, removed
+    whatever happens."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_text(path, text: str) -> None:
+    with _replacing(path) as tmp:
+        tmp.write_text(text)
 
 
 def save_tensors(tensors: dict, path, metadata: dict[str, str] | None = None) -> None:
     """A safetensors file (each tensor made contiguous), written atomically like write_text."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
+    with _replacing(path) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def save_figure(fig, path, **kw) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    try:
-        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **kw)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _replacing(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **kw)
 
 
 def refuse_existing(out) -> None:
