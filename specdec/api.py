@@ -23,7 +23,7 @@ from .rows import assemble, split_rows
 from .verifiers.sampling import SamplingParams
 
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens", "tokenizer",
-                 "assistant_tokenizer", "cross_tokenizer", "lookup_first")
+                 "assistant_tokenizer", "cross_tokenizer", "lookup_first", "step")
 
 
 
@@ -146,7 +146,7 @@ def _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptan
 
 def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, tree=None, acceptance="exact",
                  keep_cache=False, keep_policy=False, max_kv_tokens=None, tokenizer=None, assistant_tokenizer=None,
-                 cross_tokenizer="auto", lookup_first="auto"):
+                 cross_tokenizer="auto", lookup_first="auto", step="auto"):
     if acceptance not in ("exact", "typical"):
         raise ValueError(f"acceptance must be 'exact' (lossless) or 'typical' (lossy, opt-in), got {acceptance!r}")
     if isinstance(draft_length, int) and not isinstance(draft_length, bool) and draft_length < 0:
@@ -166,7 +166,7 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
     else:
         policy = make_policy(draft_length, max_draft_length)
     return Engine(target, resolved, policy, acceptance=acceptance, tree=tree, keep_cache=keep_cache,
-                  max_kv_tokens=max_kv_tokens)
+                  max_kv_tokens=max_kv_tokens, step=step)
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
@@ -243,7 +243,7 @@ def _output(seq, stats, record):
 
 def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", max_draft_length: int = 8,
              tree=None, acceptance: str = "exact", max_kv_tokens: int | None = None, assistant_tokenizer=None,
-             cross_tokenizer: str = "auto", lookup_first: bool | str = "auto", **kwargs):
+             cross_tokenizer: str = "auto", lookup_first: bool | str = "auto", step: str = "auto", **kwargs):
     """Speculative `model.generate(input_ids, **kwargs)`: same keywords, same output (lossless).
 
     input_ids: [B, T] int64 (left-padded, with attention_mask, when B > 1: specdec/rows.py). Returns
@@ -259,7 +259,11 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     a dynamic tree, draft_length='adaptive' sets its node count each step from measured per-rank acceptance
     and costs (0 = a plain step); an int draft_length fixes it (at most the spec's `nodes`). max_kv_tokens:
     the KV budget in token positions (default: what the generation needs; page tensors grow with the
-    sequence either way); a generation that needs more raises PoolExhausted naming it.
+    sequence either way); a generation that needs more raises PoolExhausted naming it. step: what runs the
+    target's forwards: 'auto' (default: the compiled step, hf/compiled.py, for a target of 50 M parameters
+    or more on a CPU, else the lean loop), 'compiled' (for any size) or 'bitwise' (logits bit for bit HF's
+    eager forward: the lean loop, else HF's modules). Every step gives the target's greedy output and
+    samples exactly from the logits it computes; out.stats.step says which ran.
 
     'adaptive' and 'heuristic' keep their estimates from call to call for the same model, drafter object
     and options (see `_kept_policy`); pass a DraftPolicy instance (specdec.policy.make_policy('adaptive'))
@@ -270,7 +274,7 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     engine = _make_engine(model, drafter, draft_length, max_draft_length, tree, acceptance, keep_policy=True,
                           max_kv_tokens=max_kv_tokens, tokenizer=kwargs.get("tokenizer"),
                           assistant_tokenizer=assistant_tokenizer, cross_tokenizer=cross_tokenizer,
-                          lookup_first=lookup_first)
+                          lookup_first=lookup_first, step=step)
     return _run(engine, input_ids, **kwargs)
 
 

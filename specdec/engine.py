@@ -27,6 +27,7 @@ from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, Mod
                             TreeDrafter, check_draft)
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
+from .hf.compiled import STEPS, CompiledRunner, auto_compiles
 from .hf.lean import LeanRunner
 from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy, SourcePolicy
@@ -57,7 +58,10 @@ class Engine:
 
     def __init__(self, target, drafter, policy, page_size: int = 16, kernel: bool | None = None,
                  acceptance: str = "exact", tree: TreeSpec | None = None,
-                 keep_cache: bool = False, lean: bool = True, max_kv_tokens: int | None = None):
+                 keep_cache: bool = False, lean: bool = True, max_kv_tokens: int | None = None,
+                 step: str = "auto"):
+        if step not in STEPS:
+            raise ValueError(f"step must be one of {', '.join(map(repr, STEPS))}, got {step!r}")
         if tree is not None:
             if not isinstance(tree, TreeSpec):
                 raise ValueError(f"tree must be None (a chain) or a specdec.TreeSpec, got {type(tree).__name__}")
@@ -91,12 +95,28 @@ class Engine:
         self.reused_tokens = 0  # positions of this generation's prompt whose KV was kept (drafters read it)
         self.vocab_size = target.config.get_text_config().vocab_size
         self.lean = lean  # run the target through hf/lean.py where its probe proves it bit-identical
+        # 'auto' / 'compiled': the target's short forwards through hf/compiled.py (auto: where it pays);
+        # 'bitwise': logits bit for bit HF's eager forward (the lean loop, else HF's modules)
+        self.step = step
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
         self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
         self.features: FeatureLog | None = None  # the current generation's, when feature_layers
         self._record: dict | None = None  # the current generation's output_scores / output_logits lists
         self._busy = threading.Lock()  # one generation at a time: concurrent callers (threads) wait their turn
         self.batch_planner = None  # specdec/batch.py's, made on the first batch
+
+    def _target_runner(self, pool: PagePool, table: BlockTable, max_tokens: int) -> ModelRunner:
+        """The target's runner for one generation: compiled, lean or HF modules (module docstrings).
+        max_tokens: the longest verification forward; its buckets are compiled before the prefill."""
+        runner = None
+        if self.lean and not self.kernel and (self.step == "compiled" or
+                                              (self.step == "auto" and auto_compiles(self.target, self.kernel))):
+            runner = CompiledRunner.for_model(self.target, pool, table)
+            if runner is not None:
+                runner.prepare(max_tokens)
+        if runner is None and self.lean:
+            runner = LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True)
+        return runner or ModelRunner(self.target, pool, table, self.kernel)
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""
@@ -173,8 +193,7 @@ class Engine:
             budget = (max_pos or 4096) if self.keep_cache else T + limits.max_new_tokens
             pool = self._pool_for(budget + max_draft + 2)
             table = BlockTable(pool, self.device)
-            target = (LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True) if self.lean else
-                      None) or ModelRunner(self.target, pool, table, self.kernel)
+            target = self._target_runner(pool, table, max_draft + 1)
             self.reused_tokens = 0
             features = None
         target.capture = self.feature_layers
@@ -229,6 +248,7 @@ class Engine:
                 stats.total_s = time.perf_counter() - t_begin
                 stats.new_tokens = len(tokens) - T
                 stats.tracker = self.policy.tracker.to_dict()
+                stats.step, stats.compile_s = target.step_name, target.compile_s
         finally:
             if self.keep_cache and tokens is not None:
                 # keep exactly the committed tokens' KV (also after an interrupt: the partial answer stays)

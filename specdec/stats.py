@@ -29,6 +29,8 @@ class SpecStats:
     tested_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     tracker: dict | None = None  # the policy's AcceptanceTracker state, when it has one
+    step: str = ""              # what ran the target's forwards: 'compiled' | 'lean' | 'hf' (hf/compiled.py)
+    compile_s: float = 0.0      # of which spent compiling the step (a bucket's first use; inside the times)
 
     @property
     def tpot_s(self) -> float:
@@ -109,6 +111,7 @@ class SpecStats:
         return f", first-use setup {self.setup_s * 1e3:.0f} ms" if self.setup_s >= 0.05 else ""
 
     def summary(self) -> str:
-        return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s | acceptance {self.acceptance_rate:.2f}, "
+        step = f" | step {self.step}" + (f" (compiling {self.compile_s:.1f} s)" if self.compile_s else "") if self.step else ""
+        return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s{step} | acceptance {self.acceptance_rate:.2f}, "
                 f"tau {self.mean_accepted_length:.2f} | TTFT {self.ttft_s * 1e3:.1f} ms (prefill "
                 f"{self.prefill_s * 1e3:.1f} ms{self._setup_note()}), TPOT {self.tpot_s * 1e3:.2f} ms, decode {self.decode_s:.2f} s")

@@ -131,6 +131,8 @@ class LeanRunner(ModelRunner):
     RMSNorm, and no mask where a lone new token sees every key: the same math in other rounding (module
     docstring)."""
 
+    step_name = "lean"
+
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
                  short_blocks: bool | None = None, packed: bool | None = None, fused: bool = False):
         super().__init__(model, pool, table, kernel)

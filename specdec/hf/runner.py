@@ -74,6 +74,9 @@ def causal_mask(n: int, device) -> torch.Tensor:
 class ModelRunner:
     """One model, its page tensors on `pool`, addressed through the shared `table`."""
 
+    step_name = "hf"  # which step runs the forwards, as SpecStats.step reports it
+    compile_s = 0.0  # seconds this runner spent compiling (hf/compiled.py's runner only)
+
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False):
         check_supported(model)
         self.model = model

@@ -1,0 +1,355 @@
+"""The compiled step: the lean loop's arithmetic between attentions, captured by torch.compile per
+token-count bucket, so a decode or verification forward pays a few fused kernels per layer instead of
+a dozen small ops and their Python.
+
+Why: on a CPU a SmolLM2-135M forward over one token is about 10 ms of small ops (norms, RoPE,
+residuals, SwiGLU, views, dispatch) on top of reading its 538 MB of weights, and where torch multiplies
+float32 with MKL on a CPU that is not Intel's (hf/linear.py), the one-to-few-row products themselves read
+the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C++ backend) fuses each
+layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
+such a machine (`GEMV_ROWS`) writes a short block's products as reductions it vectorises itself, reading
+each weight once for all the block's rows: a SmolLM2 token 64 -> about 45 ms on an AMD EPYC (2 threads,
+benchmarks/results/compiled_step.md).
+
+What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
+norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
+final norm and the LM head (`_last`). Between them attention stays eager (hf/lean.py's: the KV page
+writes, the page gather, SDPA under the step's mask), so the compiled graphs see only [bucket, ...]
+shapes: no dynamic length, nothing that grows with the KV, no state of the sequence. A forward of n
+tokens pads to the smallest bucket >= n (BUCKETS; pad rows are zeros, their outputs dropped); longer
+forwards (prefill) and what the graphs do not cover (a packed batch, entry at a later layer, a
+quantized draft's joined products) take the lean loop.
+
+Exactness: the graphs compute the same math as HF's modules in another rounding (fused loops, other
+summation order), so logits differ from HF's eager ones in the last bits; the promise kept is the
+target's greedy output and exact sampling of the logits the step computes (`step="bitwise"` keeps the
+lean loop's bit-for-bit logits). Each (model, dtype, bucket) is checked once, on its first forward,
+against the lean loop on the same inputs (same argmax on every row, logits within rounding); a bucket
+that fails it, or fails to compile, falls back to the lean loop with one warning naming the reason.
+
+Shapes: x, the hidden states [B, H] (B the bucket); q [B, Hq, D], k and v [B, Hkv, D]; att [B, Hq * D];
+cos, sin [B, 1, D]; logits [B, V] float32.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..cache.pool import BlockTable, PagePool
+from . import linear
+from .attention import specdec_attention
+from .cache import StepMeta
+from .lean import LeanRunner, _select_rows
+
+log = logging.getLogger("specdec")
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+# a short float32 block's products as inductor reductions (one read of each weight for all rows) up to
+# this many rows, where MKL's own short-block products are slow (the weight-first rule's machines,
+# hf/linear.py); 0: every product through F.linear (inductor calls the BLAS)
+GEMV_ROWS = 8 if linear.WEIGHT_FIRST_MAX_ROWS > 0 else 0
+ACTIVATIONS = {"silu": F.silu}
+
+
+def bucket_for(n: int) -> int | None:
+    """The smallest bucket holding n tokens, or None (the lean loop runs it)."""
+    return next((b for b in BUCKETS if b >= n), None)
+
+
+def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, gemv_rows: int) -> torch.Tensor:
+    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out]: one reduction per row where B <= gemv_rows (inductor
+    fuses them into one loop over w), else F.linear."""
+    if x.shape[0] <= gemv_rows:
+        y = torch.stack([(x[j] * w).sum(-1) for j in range(x.shape[0])])
+        return y if bias is None else y + bias
+    return F.linear(x, w, bias)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+
+
+def _pre(x, p, cos, sin, dims, g):
+    """Input norm, q/k/v and RoPE of one layer: x [B, H] -> q [B, Hq, D], k, v [B, Hkv, D]."""
+    Hq, Hkv, D, eps = dims
+    h = _rms(x, p[0], eps)
+    q = _product(h, p[1], p[2], g).view(-1, Hq, D)
+    k = _product(h, p[3], p[4], g).view(-1, Hkv, D)
+    v = _product(h, p[5], p[6], g).view(-1, Hkv, D)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
+def _post(att, x, p, eps, act, g):
+    """o projection, residual, norm, MLP, residual: att [B, Hq * D], x [B, H] -> x [B, H]."""
+    x = x + _product(att, p[7], None, g)
+    h = _rms(x, p[8], eps)
+    return x + _product(ACTIVATIONS[act](_product(h, p[9], None, g)) * _product(h, p[10], None, g), p[11], None, g)
+
+
+def _mid(att, x, p, p_next, cos, sin, dims, act, g):
+    x = _post(att, x, p, dims[3], act, g)
+    return (x, *_pre(x, p_next, cos, sin, dims, g))
+
+
+def _last(att, x, p, final_norm, head, eps, act, g):
+    """The last layer's _post, the final norm and the LM head: -> x [B, H], normed [B, H], logits [B, V]."""
+    x = _post(att, x, p, eps, act, g)
+    normed = _rms(x, final_norm, eps)
+    return x, normed, _product(normed, head, None, g).float()
+
+
+def _layer_params(layer) -> tuple:
+    """The 12 tensors of one Llama-family decoder layer, in _pre/_post's order (biases may be None)."""
+    a, m = layer.self_attn, layer.mlp
+    return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, layer.post_attention_layernorm.weight,
+            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the compiled step cannot run this model (None: it can). hf/lean.py decides the architecture."""
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "hidden_act", None) not in ACTIVATIONS:
+        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
+    inner = model.model
+    eps = {inner.norm.variance_epsilon} | {l.input_layernorm.variance_epsilon for l in inner.layers} | \
+          {l.post_attention_layernorm.variance_epsilon for l in inner.layers}
+    if len(eps) != 1:
+        return "norms with different epsilons"
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(type(l) is not nn.Linear for l in linears) or any(l.bias is not None for l in linears[3:]):
+            return "a linear that is not a plain nn.Linear (quantized?), or a bias on o/MLP projections"
+    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
+        return "an LM head that is not a plain bias-free nn.Linear"
+    if next(model.parameters()).dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {next(model.parameters()).dtype}"
+    return None
+
+
+class CompiledSteps:
+    """One model's compiled step on one (dtype, device): which buckets are compiled and checked, which fell
+    back and why, and the seconds spent compiling. Shared by every runner of the model (a runner lives one
+    generation), guarded by a lock (threads may generate with the same model)."""
+
+    def __init__(self, model):
+        self.model_ref = weakref.ref(model)
+        self.checked: set[int] = set()
+        self.failed: dict[int, str] = {}
+        self.compile_s = 0.0
+        self.lock = threading.Lock()
+        self._warned = False
+
+    def fail(self, bucket: int, reason: str) -> None:
+        self.failed[bucket] = reason
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"specdec: the compiled step fell back to the lean loop for {bucket}-token forwards: "
+                          f"{reason}", RuntimeWarning, stacklevel=3)
+
+
+_steps: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_compiled: dict[str, object] = {}
+
+
+def steps_for(model) -> CompiledSteps:
+    p = next(model.parameters())
+    per_model = _steps.setdefault(model, {})
+    key = (p.dtype, p.device)
+    if key not in per_model:
+        per_model[key] = CompiledSteps(model)
+    return per_model[key]
+
+
+def _graphs():
+    """The three compiled functions, made once per process (inductor's on-disk cache serves the next one).
+    Every model, dtype and bucket is a recompile of the same code, hence the raised recompile limit."""
+    if not _compiled:
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, 256)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+        for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last)):
+            _compiled[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return _compiled
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Largest |compiled - lean| logit difference accepted by a bucket's check, relative to max |logit|."""
+    return 1e-4 if dtype == torch.float32 else 5e-2
+
+
+def agree(ref: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """None if logits got [r, V] match ref [r, V] (same argmax per row, within tolerance), else why not.
+    A row whose top two reference logits are closer than the difference seen is a numerical tie: its argmax
+    may legitimately go either way, so it is not held against the step."""
+    diff = (ref - got).abs().max().item()
+    scale = ref.abs().max().clamp_min(1).item()
+    if diff > tolerance(dtype) * scale:
+        return f"logits differ by {diff:.3g} (tolerance {tolerance(dtype) * scale:.3g})"
+    top2 = ref.topk(2, dim=-1).values
+    tie = (top2[:, 0] - top2[:, 1]) <= 2 * diff
+    if not torch.equal(ref.argmax(-1)[~tie], got.argmax(-1)[~tie]):
+        return "a different argmax from the lean loop's"
+    return None
+
+
+# "auto" compiles targets at least this large: below it a forward is mostly attention and dispatch of a
+# few small layers, and compiling (seconds per bucket) would not pay within a generation
+AUTO_MIN_PARAMS = 50_000_000
+STEPS = ("auto", "compiled", "bitwise")
+
+
+def auto_compiles(model, kernel: bool) -> bool:
+    """Does step='auto' compile this target? On a CPU, not on the Triton kernel path, a model of at least
+    AUTO_MIN_PARAMS parameters; SPECDEC_COMPILE=0 turns it off (=1 compiles any size)."""
+    override = os.environ.get("SPECDEC_COMPILE", "")
+    if override not in ("", "0", "1"):
+        raise ValueError(f"SPECDEC_COMPILE must be 0 or 1, got {override!r}")
+    device = next(model.parameters()).device
+    if override == "0" or kernel or device.type != "cpu":
+        return False
+    return override == "1" or sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
+
+
+class CompiledRunner(LeanRunner):
+    """The lean loop with its forwards of up to max(BUCKETS) tokens through the compiled graphs (module
+    docstring); everything else, and any bucket that fell back, through LeanRunner's own loop."""
+
+    step_name = "compiled"
+
+    def __init__(self, model, pool: PagePool, table: BlockTable, steps: CompiledSteps):
+        super().__init__(model, pool, table)
+        inner = model.model
+        self.steps = steps
+        self.params = [_layer_params(layer) for layer in inner.layers]
+        self.final_norm_w, self.head_w = inner.norm.weight, model.lm_head.weight
+        self.dims = (self.hq, self.hkv, self.head_dim, inner.norm.variance_epsilon)
+        self.act = model.config.get_text_config().hidden_act
+        self.gemv_rows = GEMV_ROWS if self.head_w.device.type == "cpu" and self.head_w.dtype == torch.float32 else 0
+        self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
+
+    @classmethod
+    def for_model(cls, model, pool: PagePool, table: BlockTable) -> "CompiledRunner | None":
+        """A CompiledRunner if the lean loop reproduces this model bit for bit (its probe) and the graphs
+        cover its layers; else None, with the reason logged."""
+        if LeanRunner.for_model(model, pool, table, exact=True) is None:
+            log.info("compiled step: %s has no lean loop here; the HF modules run it", type(model).__name__)
+            return None
+        reason = unsupported_reason(model)
+        if reason is not None:
+            log.info("compiled step: %s not compiled (%s); the lean loop runs it", type(model).__name__, reason)
+            return None
+        return cls(model, pool, table, steps_for(model))
+
+    def prepare(self, max_tokens: int) -> None:
+        """Compile and check now every bucket a forward of up to max_tokens tokens uses (a generation's
+        verifications: the draft budget + 1), on a scratch sequence of random tokens, so no compile lands
+        inside a generation's decode, where the draft policy would take it for the cost of a step."""
+        top = bucket_for(min(max(max_tokens, 1), BUCKETS[-1]))
+        todo = [b for b in BUCKETS if b <= top and b not in self.steps.checked and b not in self.steps.failed]
+        if not todo:
+            return
+        pool = PagePool(8, 16)  # 128 slots: a 33-token prefix + the largest bucket
+        table = BlockTable(pool, self.device)
+        scratch = type(self)(self.model, pool, table, self.steps)
+        vocab = self.model.config.get_text_config().vocab_size
+        tokens = torch.randint(0, vocab, (33 + top,), generator=torch.Generator().manual_seed(0)).to(self.device)
+        try:
+            with specdec_attention(self.model):
+                scratch.forward(tokens[:33], logits_rows=1)  # past every bucket: the lean loop
+                for b in todo:
+                    scratch.forward(tokens[33:33 + b], logits_rows=None)
+                    scratch.rollback(33)
+                    table.truncate(33)
+        finally:
+            table.release()
+        self.compile_s += scratch.compile_s
+
+    def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
+        n = x.shape[0]
+        bucket = bucket_for(n)
+        if bucket is None or first != 0 or meta.rows is not None or bucket in self.steps.failed:
+            return super().run_meta(x, meta, need, logits_rows, first)
+        if bucket not in self.steps.checked:
+            with self.steps.lock:
+                if bucket not in self.steps.checked:
+                    return self._first(x, meta, need, logits_rows, bucket)
+        return self._compiled(x, meta, need, logits_rows, bucket)
+
+    def _first(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
+        """A bucket's first forward (the lock held): compile, then check against the lean loop on the same
+        inputs; return the lean loop's logits (whose KV it wrote last). A failure marks the bucket failed."""
+        if bucket in self.steps.failed:
+            return super().run_meta(x, meta, need, logits_rows)
+        log.info("compiling the %s step for %d-token forwards (inductor, cached on disk) ...",
+                 type(self.model).__name__, bucket)
+        began = time.perf_counter()
+        try:
+            got = self._compiled(x, meta, need, logits_rows, bucket)
+        except Exception as e:  # noqa: BLE001 (any compile error: the lean loop runs it instead)
+            self.steps.fail(bucket, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            return super().run_meta(x, meta, need, logits_rows)
+        spent = time.perf_counter() - began
+        self.compile_s += spent
+        self.steps.compile_s += spent
+        log.info("compiled the %d-token step in %.1f s", bucket, spent)
+        ref = super().run_meta(x, meta, need, logits_rows)
+        why = agree(ref, got, x.dtype)
+        if why is None:
+            self.steps.checked.add(bucket)
+        else:
+            self.steps.fail(bucket, f"its check against the lean loop failed: {why}")
+        return ref
+
+    def _compiled(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
+        n, graphs, g = x.shape[0], _graphs(), self.gemv_rows
+        cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
+        if bucket > n:  # pad rows: zeros (their outputs are dropped; attention never sees them)
+            x, cos, sin = (F.pad(t, (0, 0, 0, bucket - n)) for t in (x, cos, sin))
+        cos, sin = cos[:, None], sin[:, None]
+        att_rows = x.new_zeros(bucket, self.hq * self.head_dim) if bucket > n else None
+        want, top = set(self.capture), len(self.layers)
+        kept: dict[int, torch.Tensor] = {}
+        q, k, v = graphs["pre"](x, self.params[0], cos, sin, self.dims, g)
+        for i in range(top):
+            att = self._attend(i, q[:n], k[:n], v[:n], meta)
+            if att_rows is not None:
+                att_rows[:n] = att
+                att = att_rows
+            if i + 1 < top:
+                x, q, k, v = graphs["mid"](att, x, self.params[i], self.params[i + 1], cos, sin, self.dims, self.act, g)
+                if i + 1 in want:
+                    kept[i + 1] = x[:n]
+            else:
+                x, normed, logits = graphs["last"](att, x, self.params[i], self.final_norm_w, self.head_w,
+                                                   self.dims[3], self.act, g)
+        if want:
+            if top in want:
+                kept[top] = normed[:n]
+            self.last_features = torch.cat([kept[layer] for layer in self.capture], dim=-1)
+        return _select_rows(logits[:n], logits_rows)
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+        """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages."""
+        n, layer = q.shape[0], self.layers[i]
+        self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        keys, vals = self.kv.gather(i, meta.read_slots)  # [1, Hkv, T, D]
+        mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
+        att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, vals, attn_mask=mask,
+                                             scale=layer.scaling, enable_gqa=self.hq != self.hkv)
+        return att[0].transpose(0, 1).reshape(n, self.hq * self.head_dim)
