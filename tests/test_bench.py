@@ -26,6 +26,9 @@ def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
     for m in ("HF assisted k=2", "HF assisted k=6", "specdec k=2", "specdec k=6"):  # the default k sweep
         assert modes[m]["mismatches"] == 0
     assert modes["specdec plain"]["draft_length"] == 0 and modes["specdec plain"]["fraction_of_ideal"] is None
+    # which step ran the target, per mode: the zoo target is below step='auto's size, 'bitwise' is the lean loop
+    assert modes["specdec plain"]["step"] == modes["specdec plain bitwise"]["step"] == "lean"
+    assert "The target's step" in out.with_suffix(".md").read_text()
     best = report["best_with_draft"]
     assert best["mode"].startswith("specdec") and best["mode"] not in ("specdec ngram", "specdec plain")
     plain = modes["specdec plain"]["tokens_per_s"]

@@ -18,6 +18,10 @@ from conftest import VOCAB, build
 from test_lean import _logits
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+# oneDNN packs bfloat16 only on CPUs with AVX512 (BW, VL, DQ) or AVX-NE-CONVERT (not an AVX2-only EPYC)
+BF16 = packed.onednn_packs(torch.bfloat16)
+needs_bf16_packing = pytest.mark.skipif(not BF16, reason="this CPU's oneDNN does not pack bfloat16 weights "
+                                                         "(needs AVX512 BW/VL/DQ or AVX-NE-CONVERT)")
 
 
 def _linear(out_f: int, in_f: int, bias: bool, dtype, seed: int = 0) -> nn.Linear:
@@ -25,7 +29,7 @@ def _linear(out_f: int, in_f: int, bias: bool, dtype, seed: int = 0) -> nn.Linea
     return nn.Linear(in_f, out_f, bias=bias).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_packing)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_gives_f_linears_numbers_for_every_block_length(dtype, bias):
     lin = _linear(96, 40, bias, dtype)
@@ -72,7 +76,7 @@ def test_weights_it_cannot_pack_are_refused_by_name():
         packed_weight(_linear(8, 8, False, torch.float16))
     assert not packed.can_pack(torch.zeros(8, 8, dtype=torch.float16))
     assert not packed.can_pack(torch.zeros(8))
-    assert packed.can_pack(torch.zeros(8, 8)) and packed.can_pack(torch.zeros(8, 8, dtype=torch.bfloat16))
+    assert packed.can_pack(torch.zeros(8, 8)) and packed.can_pack(torch.zeros(8, 8, dtype=torch.bfloat16)) == BF16
 
 
 def test_the_rule_packs_on_intel_with_onednn_and_obeys_the_override():
@@ -112,8 +116,17 @@ def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
         runner = LeanRunner(model, pool, BlockTable(pool))
         assert isinstance(runner.layers[0].up, PackedLinear) == rule
         for quantized in (int8_draft(model), int4_draft(model)):
-            runner = LeanRunner(quantized, pool, BlockTable(pool))
-            assert isinstance(runner.layers[0].up, PackedQuantizedLinear) == rule
+            runner = LeanRunner(quantized, pool, BlockTable(pool))  # computes in bfloat16: packs where it can
+            assert isinstance(runner.layers[0].up, PackedQuantizedLinear) == (rule and BF16)
+
+
+def test_a_cpu_that_cannot_pack_bfloat16_keeps_those_weights_on_f_linear(monkeypatch):
+    monkeypatch.setattr(packed, "onednn_packs", lambda dtype: dtype == torch.float32)
+    assert not packed.can_pack(_linear(8, 8, False, torch.bfloat16).weight)
+    assert packed.can_pack(_linear(8, 8, False, torch.float32).weight)
+    assert not packed.can_pack_quantized(_int8_linear(16, 16, False))
+    with pytest.raises(ValueError, match="bfloat16"):
+        packed_weight(_linear(8, 8, False, torch.bfloat16))
 
 
 def _int8_linear(out_f: int, in_f: int, bias: bool, dtype=torch.bfloat16) -> Int8Linear:
@@ -124,6 +137,7 @@ def _int4_linear(out_f: int, in_f: int, bias: bool) -> Int4Linear:
     return Int4Linear(_linear(out_f, in_f, bias, torch.float32, seed=3), group_size=32)
 
 
+@needs_bf16_packing
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_quantized_linear_multiplies_long_blocks_through_its_dequantized_weight(bias, bits, monkeypatch):
@@ -155,6 +169,7 @@ def test_a_quantized_linear_multiplies_long_blocks_through_its_dequantized_weigh
     assert kernel_rows == [r for r in sizes if r < from_rows]
 
 
+@needs_bf16_packing
 def test_an_int8_weight_is_dequantized_once_and_again_when_it_changes():
     lin = _int8_linear(48, 16, False)
     first = packed_dequantized(lin)
@@ -173,6 +188,7 @@ def test_int8_linears_computing_in_float16_stay_on_their_kernel():
         packed_dequantized(lin)
 
 
+@needs_bf16_packing
 @pytest.mark.parametrize("quantize", [int8_draft, int4_draft])
 def test_a_quantized_draft_prefills_through_dequantized_weights_with_the_hf_modules_tokens(quantize, monkeypatch):
     """An int8 / int4 draft's lean loop (prefill of 13, then 1, 4, 1 and 6 tokens: blocks on both sides of

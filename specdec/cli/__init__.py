@@ -51,6 +51,18 @@ DRAFTER_HELP = ("model name, local directory, hub id, 'ngram', 'early-exit:LAYER
                 "shipped head (SmolLM2), ngram otherwise")
 
 
+def _show_progress() -> None:
+    """The library's progress lines (logger 'specdec', INFO: compiling the step, hf/compiled.py) on stderr."""
+    import logging
+
+    log = logging.getLogger("specdec")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("specdec: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def main(argv=None) -> None:
     from .. import zoo
     from ..cache.pool import PoolExhausted
@@ -147,6 +159,7 @@ def main(argv=None) -> None:
     add_head_card_parser(sub)
     add_train_draft_parser(sub)
     a = ap.parse_args(argv)
+    _show_progress()
     if getattr(a, "drafter", None) == "auto":
         a.drafter = _default_drafter(a.target, a.cmd)
     try:

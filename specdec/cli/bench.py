@@ -81,7 +81,9 @@ def build_modes(target, draft, n: int, k, tree=None, include_hf: bool = True, ex
     ks = _ks(k)
     modes = {"target-only": _hf_mode(target, n),
              # specdec's runtime with nothing drafted: separates what the runtime gains from what speculation gains
-             "specdec plain": _spec_mode(specdec.wrap(target, draft_length=0), n)}
+             "specdec plain": _spec_mode(specdec.wrap(target, draft_length=0), n),
+             # the same with logits bit for bit HF's (the lean loop): what the compiled step gains, side by side
+             "specdec plain bitwise": _spec_mode(specdec.wrap(target, draft_length=0, step="bitwise"), n)}
     if include_hf and draft is not None:
         for kk in ks:
             fixed = copy.copy(draft)
@@ -233,9 +235,10 @@ def summarise(results: dict, k, greedy: bool) -> dict:
                        ttft_s=mean(lambda s: s.ttft_s), tpot_s=mean(lambda s: s.tpot_s),
                        prefill_s=mean(lambda s: s.prefill_s), decode_s=mean(lambda s: s.decode_s),
                        draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
-                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal if ideal else None)
+                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal if ideal else None,
+                       step=" / ".join(sorted({s.step for s in st})))
         out["modes"][name] = row
-    drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and n != "specdec plain"
+    drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and not n.startswith("specdec plain")
                and not n.startswith(("specdec ngram", "specdec head", "specdec early exit"))}
     if drafted and hf_best:  # the headline: specdec's best mode with the draft vs HF's best with the same draft
         name = max(drafted, key=lambda n: drafted[n]["tokens_per_s"])
@@ -284,6 +287,11 @@ def to_markdown(report: dict) -> str:
             f"{f(r.get('prefill_s') and r['prefill_s'] * 1e3, 1)} | {f(r.get('decode_s'))} | "
             f"{f(r.get('fraction_of_ideal') and 100 * r['fraction_of_ideal'], 0)} | "
             f"{'**' + str(r['mismatches']) + '**' if r['mismatches'] else 0} |")
+    steps = {r["step"] for r in report["modes"].values() if r.get("step")}
+    if steps:
+        lines += ["", "The target's step (hf/compiled.py; compiled once per bucket in the warm-up, before any timed run): "
+                      + "; ".join(f"{step}: {', '.join(n for n, r in report['modes'].items() if r.get('step') == step)}"
+                                  for step in sorted(steps)) + "."]
     head = report.get("best_head")
     if head:
         vs = (f", {head['vs_hf_best']:.2f}x HF's best option here ({head['hf_best_mode']})"

@@ -44,7 +44,7 @@ def cmd_demo(a) -> None:
     kw = dict(max_new_tokens=new_tokens, **_sampling_kwargs(a))
     # warm up both paths (first calls pay one-off costs), then alternate target-only and specdec
     target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
-    model.generate(ids, max_new_tokens=4)
+    first_compile = model.generate(ids, max_new_tokens=4, return_dict_in_generate=True).stats.compile_s
     base_times, spec_runs = [], []
     print(f"prompt ({ids.shape[1]} tokens{' in the chat template' if request else ''}"
           f"{', held-out' if a.prompt is None else ''}):\n{prompt}", end="\n\n" if request else "")
@@ -73,6 +73,9 @@ def cmd_demo(a) -> None:
           f"{'sampling' if a.do_sample else 'greedy'}  ({a.repeats} runs each, alternating; medians)")
     print(f"  target only (HF generate): {base_tps:7.1f} tokens/s")
     print(f"  specdec                  : {spec_tps:7.1f} tokens/s   speedup x{spec_tps / base_tps:.2f}")
+    compiling = spec_runs and max(o.stats.compile_s for o in spec_runs)
+    warm = f", compiled in {first_compile:.1f} s before the first run" if first_compile else ""
+    print(f"  target's step: {s.step}{warm}" + (f" (+{compiling:.1f} s compiling in a timed run)" if compiling else ""))
     print(f"  acceptance {s.acceptance_rate:.2f}   tau {s.mean_accepted_length:.2f} tokens/forward   "
           f"draft length used {mean_k:.1f} (mean)")
     # the drafter reads the prompt after the first token is out: prefill (both models) can exceed TTFT

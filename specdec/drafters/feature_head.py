@@ -176,6 +176,14 @@ class FeatureHead:
         return full.index_copy_(1, self.net.vocab_ids, sub)
 
 
+def fingerprint_matches(config: HeadConfig, target) -> bool:
+    """The target's weights are the ones the head was trained on, in float32 or rounded to bfloat16 (a head
+    records both; one saved before the bfloat16 record matches its float32 target only)."""
+    if config.target_fingerprint == fingerprint(target):
+        return True
+    return bool(config.target_fingerprint_bf16) and config.target_fingerprint_bf16 == fingerprint(target, torch.bfloat16)
+
+
 def check_head_matches(config: HeadConfig, target, check_fingerprint: bool, where="the head") -> None:
     """ValueError naming the mismatch when a head was trained for another target."""
     cfg = target.config.get_text_config()
@@ -184,7 +192,7 @@ def check_head_matches(config: HeadConfig, target, check_fingerprint: bool, wher
     want = {"architecture": config.target_architecture, "hidden size": config.hidden_size,
             "vocabulary": config.vocab_size, "layers": config.num_target_layers}
     diff = [f"{k} {want[k]} (target: {have[k]})" for k in want if want[k] != have[k]]
-    if not diff and check_fingerprint and config.target_fingerprint and config.target_fingerprint != fingerprint(target):
+    if not diff and check_fingerprint and config.target_fingerprint and not fingerprint_matches(config, target):
         diff = [f"weights fingerprint {config.target_fingerprint} (target: {fingerprint(target)})"]
     if diff:
         raise ValueError(f"{where} was trained for another target: " + "; ".join(diff) +

@@ -49,6 +49,8 @@ class HeadConfig:
     rope_theta: float = 10000.0
     target_architecture: str = ""
     target_fingerprint: str = ""
+    # the same over the target's weights rounded to bfloat16: a bfloat16 copy of the target matches it
+    target_fingerprint_bf16: str = ""
     trained: dict = field(default_factory=dict)  # what the trainer did (tokens, steps, seed, ...)
 
     @staticmethod
@@ -67,7 +69,8 @@ class HeadConfig:
             intermediate_size=cfg.intermediate_size, num_target_layers=n, vocab_size=cfg.vocab_size,
             feature_layers=layers, draft_vocab=draft_vocab, num_layers=num_layers,
             rms_eps=float(getattr(cfg, "rms_norm_eps", 1e-5)), rope_theta=float(theta),
-            target_architecture=type(target).__name__, target_fingerprint=fingerprint(target))
+            target_architecture=type(target).__name__, target_fingerprint=fingerprint(target),
+            target_fingerprint_bf16=fingerprint(target, torch.bfloat16))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,11 +85,13 @@ class HeadConfig:
 
 
 @torch.no_grad()
-def fingerprint(model) -> str:
+def fingerprint(model, rounded_to: torch.dtype | None = None) -> str:
     """A short hash of the target's weights: sums of a few strided samples of every tensor, in fp32.
 
     Stable across dtype casts of fp32 weights to themselves and across processes; changes when any
-    sampled weight changes (a fine-tuned or different model)."""
+    sampled weight changes (a fine-tuned or different model). rounded_to=torch.bfloat16 hashes the samples
+    rounded to bfloat16 first: the same for a float32 model and its bfloat16 copy (what a head records, so
+    that the user's choice of the target's dtype does not refuse it)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -98,7 +103,8 @@ def fingerprint(model) -> str:
         idx = torch.arange(k) * (flat.numel() - 1) // max(1, k - 1)
         h.update(name.encode())
         h.update(f"{tuple(p.shape)}".encode())
-        h.update(" ".join(f"{v:.4e}" for v in flat[idx].float().tolist()).encode())
+        samples = flat[idx] if rounded_to is None else flat[idx].to(rounded_to)
+        h.update(" ".join(f"{v:.4e}" for v in samples.float().tolist()).encode())
     return h.hexdigest()[:16]
 
 

@@ -145,14 +145,14 @@ def unsupported_reason(model) -> str | None:
 class CompiledSteps:
     """One model's compiled step on one (dtype, device): which buckets are compiled and checked, which fell
     back and why, and the seconds spent compiling. Shared by every runner of the model (a runner lives one
-    generation), guarded by a lock (threads may generate with the same model)."""
+    generation); buckets are compiled under one process-wide lock (threads may generate at once, and
+    dynamo compiles one frame at a time)."""
 
     def __init__(self, model):
         self.model_ref = weakref.ref(model)
         self.checked: set[int] = set()
         self.failed: dict[int, str] = {}
         self.compile_s = 0.0
-        self.lock = threading.Lock()
         self._warned = False
 
     def fail(self, bucket: int, reason: str) -> None:
@@ -165,6 +165,7 @@ class CompiledSteps:
 
 _steps: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 _compiled: dict[str, object] = {}
+_compiling = threading.RLock()  # held while a bucket compiles and checks (and while _graphs() fills _compiled)
 
 
 def steps_for(model) -> CompiledSteps:
@@ -180,12 +181,18 @@ def _graphs():
     """The three compiled functions, made once per process (inductor's on-disk cache serves the next one).
     Every model, dtype and bucket is a recompile of the same code, hence the raised recompile limit."""
     if not _compiled:
-        cfg = torch._dynamo.config
-        cfg.recompile_limit = max(cfg.recompile_limit, 256)
-        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
-        for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last)):
-            _compiled[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+        with _compiling:
+            if not _compiled:
+                _make_graphs()
     return _compiled
+
+
+def _make_graphs() -> None:
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 256)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
+    _compiled.update({name: torch.compile(fn, dynamic=False, fullgraph=True)
+                      for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last))})
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -230,7 +237,11 @@ class CompiledRunner(LeanRunner):
     """The lean loop with its forwards of up to max(BUCKETS) tokens through the compiled graphs (module
     docstring); everything else, and any bucket that fell back, through LeanRunner's own loop."""
 
-    step_name = "compiled"
+    @property
+    def step_name(self) -> str:
+        """'compiled', naming the buckets that fell back to the lean loop if any."""
+        failed = sorted(self.steps.failed)
+        return "compiled" + (f" (lean for {', '.join(map(str, failed))}-token forwards)" if failed else "")
 
     def __init__(self, model, pool: PagePool, table: BlockTable, steps: CompiledSteps):
         super().__init__(model, pool, table)
@@ -286,7 +297,7 @@ class CompiledRunner(LeanRunner):
         if bucket is None or first != 0 or meta.rows is not None or bucket in self.steps.failed:
             return super().run_meta(x, meta, need, logits_rows, first)
         if bucket not in self.steps.checked:
-            with self.steps.lock:
+            with _compiling:
                 if bucket not in self.steps.checked:
                     return self._first(x, meta, need, logits_rows, bucket)
         return self._compiled(x, meta, need, logits_rows, bucket)

@@ -39,6 +39,7 @@ int4 linear: x [n, in] -> [n, out] in bfloat16.
 """
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from typing import Callable
@@ -86,9 +87,24 @@ def _onednn_can_hold(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dim() == 2 and torch.backends.mkldnn.is_available()
 
 
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Does this CPU's oneDNN pack weights of `dtype`? bfloat16 needs AVX512 (BW, VL, DQ) or AVX-NE-CONVERT:
+    on a CPU without them (an AMD EPYC with AVX2 only, seen here) the reorder raises; asked once, on a
+    tiny weight."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
+
+
 def can_pack(weight: torch.Tensor) -> bool:
-    """Can this weight take the packed path (float32 or bfloat16, 2-D, on a CPU, torch built with oneDNN)?"""
-    return weight.dtype in FROM_ROWS and _onednn_can_hold(weight)
+    """Can this weight take the packed path (float32 or bfloat16, 2-D, on a CPU, torch built with oneDNN,
+    whose oneDNN packs that dtype on this CPU)?"""
+    return weight.dtype in FROM_ROWS and _onednn_can_hold(weight) and onednn_packs(weight.dtype)
 
 
 # nn.Linear or QuantizedLinear -> (what the weight was when packed, the packed weight)
@@ -118,7 +134,7 @@ def packed_weight(linear: nn.Linear) -> torch.Tensor:
 def can_pack_quantized(linear: QuantizedLinear) -> bool:
     """Can this quantized linear's weight, dequantized to its activation dtype, take the packed path?"""
     return (type(linear) in FROM_ROWS_QUANTIZED and linear.act_dtype == torch.bfloat16
-            and _onednn_can_hold(linear.qweight))
+            and _onednn_can_hold(linear.qweight) and onednn_packs(torch.bfloat16))
 
 
 def packed_dequantized(linear: QuantizedLinear) -> torch.Tensor:

@@ -1,0 +1,138 @@
+"""Where a target step's time goes, before and after the compiled step (hf/compiled.py).
+
+For each dtype and forward size n (a decode step n = 1, a verification n = 4 or 8), after a 200-token
+prefix, alternating the two paths: the lean loop (hf/lean.py, what step="bitwise" runs) and the compiled
+step. Beside each: the time of the step's weight products alone (the same products, in the same form
+each path uses, over the same weights: the step's 'weights' share; the rest is norms, RoPE, attention,
+residuals and dispatch) and the memory-bandwidth line (weight bytes over the streaming-read bandwidth
+measured in the same run). Median of `--repeats` rounds.
+
+    python benchmarks/compiled_step.py --target smollm2-135m-instruct --dtypes float32 bfloat16 \
+        --out benchmarks/results/compiled_step.md
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specdec import zoo
+from specdec.cache.pool import BlockTable, PagePool
+from specdec.cli.bench import memory_bandwidth, weight_bytes_per_step
+from specdec.files import write_text
+from specdec.hf import compiled
+from specdec.hf.attention import specdec_attention
+from specdec.hf.compiled import CompiledRunner, bucket_for
+from specdec.hf.lean import LeanRunner
+from specdec.hf.linear import machine
+
+PREFIX = 200
+
+
+def products(model, gemv_rows: int, lean: LeanRunner | None):
+    """A function of x [n, H] running every weight product of one forward over n rows, in the path's
+    form: the lean loop's bound linears (lean given), else the compiled graphs' (compiled._product,
+    itself compiled)."""
+    weights = [p for layer in model.model.layers for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                                     layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight,
+                                                     layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight,
+                                                     layer.mlp.down_proj.weight)] + [model.lm_head.weight]
+    if lean is not None:
+        linears = [f for L in lean.layers for f in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)] + [lean.head]
+        return lambda xs: [f(xs[w.shape[1]]) for f, w in zip(linears, weights)]
+    fn = torch.compile(lambda x, w: compiled._product(x, w, None, gemv_rows), dynamic=False)
+    return lambda xs: [fn(xs[w.shape[1]], w) for w in weights]
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(model, n: int, repeats: int) -> dict:
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (PREFIX,), generator=gen)
+    step_tokens = torch.randint(0, vocab, (n,), generator=gen)
+    runners = {}
+    for name in ("lean", "compiled"):
+        pool = PagePool(32, 16)
+        table = BlockTable(pool, "cpu")
+        runner = LeanRunner.for_model(model, pool, table, exact=True) if name == "lean" else \
+            CompiledRunner.for_model(model, pool, table)
+        if name == "compiled":
+            runner.prepare(n)
+        with specdec_attention(model):
+            runner.forward(prefix, logits_rows=1)
+        runners[name] = (runner, table)
+
+    def step(name):
+        runner, table = runners[name]
+        runner.forward(step_tokens, logits_rows=n)
+        runner.rollback(PREFIX)
+        table.truncate(PREFIX)
+
+    dt = next(model.parameters()).dtype
+    hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
+    g = compiled.GEMV_ROWS if dt == torch.float32 else 0
+    prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
+    rounds = {k: [] for k in ("lean", "compiled", "lean weights", "compiled weights")}
+    with torch.no_grad(), specdec_attention(model):
+        for name in ("lean", "compiled"):  # warm
+            step(name)
+            prods[name](hidden)
+        for _ in range(repeats):
+            for name in ("lean", "compiled"):
+                rounds[name].append(timed(lambda: step(name), 3))
+                rounds[name + " weights"].append(timed(lambda: prods[name](hidden), 3))
+    for runner, table in runners.values():
+        table.release()
+    return {k: statistics.median(v) for k, v in rounds.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--sizes", nargs="+", type=int, default=[1, 4, 8])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    read_bw = memory_bandwidth()["read"]
+    rows = ["| dtype | n (bucket) | lean ms | its weights ms | other ms | compiled ms | its weights ms | other ms | "
+            "compiled / lean | bandwidth line ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in a.dtypes:
+        dt = getattr(torch, name)
+        model, _ = zoo.load(a.target, dtype=dt)
+        line = weight_bytes_per_step(model) / read_bw * 1e3
+        for n in a.sizes:
+            r = measure(model, n, a.repeats)
+            ms = {k: v * 1e3 for k, v in r.items()}
+            rows.append(f"| {name} | {n} ({bucket_for(n)}) | {ms['lean']:.1f} | {ms['lean weights']:.1f} | "
+                        f"{ms['lean'] - ms['lean weights']:.1f} | {ms['compiled']:.1f} | {ms['compiled weights']:.1f} | "
+                        f"{ms['compiled'] - ms['compiled weights']:.1f} | {ms['compiled'] / ms['lean']:.2f} | {line:.1f} |")
+            print(rows[-1], flush=True)
+    cmd = "python benchmarks/compiled_step.py " + " ".join(
+        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(a).items() if k != "out" and v is not None)
+    md = (f"# The compiled step: where a target step's time goes\n\n`{cmd}`\n\n{a.target}, a {PREFIX}-token prefix, "
+          f"{a.threads} threads, median of {a.repeats} rounds (each the median of 3 steps), lean and compiled "
+          f"alternating. 'its weights': the step's weight products alone, in the path's own form; 'other' = the "
+          f"step minus that. Bandwidth line: weight bytes / streaming-read bandwidth "
+          f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
+    print(md)
+    if a.out:
+        write_text(a.out, md)
+
+
+if __name__ == "__main__":
+    main()

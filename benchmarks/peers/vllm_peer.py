@@ -1,0 +1,159 @@
+"""vLLM's CPU build and specdec on the same machine, prompts and float32 weights, single stream.
+
+vLLM lives in its own virtual environment (benchmarks/peers/make_vllm_venv.sh: it pins an older
+transformers), so each engine runs in its own process and writes what it measured; `--compare` renders
+the side-by-side table. One engine run = its load and warm-up (not timed), then `--repeats` rounds over
+the prompts, every generation timed alone. Run the engines alternately, twice each, on a quiet machine:
+
+    bash benchmarks/peers/make_vllm_venv.sh .venv-vllm
+    for i in 1 2; do
+      .venv-vllm/bin/python benchmarks/peers/vllm_peer.py --engine vllm --out /tmp/peer/vllm_$i.json
+      python benchmarks/peers/vllm_peer.py --engine specdec --out /tmp/peer/specdec_$i.json
+    done
+    python benchmarks/peers/vllm_peer.py --compare /tmp/peer/*.json --out benchmarks/results/vllm_peer.md
+
+Modes: vLLM target-only and n-gram (k = 4); specdec plain with the compiled step, plain bitwise (the
+lean loop), the shipped head adaptive and n-gram + head; HF generate() as the common yardstick.
+Prompts: benchmarks/prompts/chat.jsonl in the model's chat template (no training run used them).
+Greedy output is compared token for token with HF's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = "smollm2-135m-instruct"
+
+
+def prompts(tok, n: int) -> list[list[int]]:
+    rows = [json.loads(line) for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines() if line]
+    return [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=True)["input_ids"] for r in rows[:n]]
+
+
+def model_dir() -> str:
+    home = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache/specdec"))
+    return str(home / "models" / TARGET)
+
+
+def run_vllm(a) -> dict:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    tok = AutoTokenizer.from_pretrained(model_dir())
+    ids = prompts(tok, a.num_prompts)
+    params = SamplingParams(temperature=0, max_tokens=a.max_new_tokens, ignore_eos=False)
+    out = {}
+    for mode, spec in (("vLLM target-only", None),
+                       ("vLLM ngram k=4", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                           "prompt_lookup_min": 2})):
+        llm = LLM(model=model_dir(), dtype="float32", max_model_len=1024, max_num_seqs=1, seed=0,
+                  speculative_config=spec)
+        llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
+        out[mode] = []
+        for _ in range(a.repeats):
+            for p in ids:
+                t0 = time.perf_counter()
+                res = llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0]
+                dt = time.perf_counter() - t0
+                out[mode].append({"tokens": list(res.outputs[0].token_ids), "seconds": dt})
+        del llm
+    return out
+
+
+def run_specdec(a) -> dict:
+    import torch
+
+    import specdec
+    from specdec import zoo
+    from specdec.drafters import FeatureHead, LookupFirst
+
+    torch.set_num_threads(a.threads)
+    target, tok = zoo.load(TARGET)
+    ids = [torch.tensor([p]) for p in prompts(tok, a.num_prompts)]
+    head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(TARGET)), target)
+
+    def hf(p):
+        return target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=a.max_new_tokens, do_sample=False)
+
+    def spec(model):
+        return lambda p: model.generate(p, max_new_tokens=a.max_new_tokens, do_sample=False)
+
+    modes = {"HF generate": hf,
+             "specdec plain (compiled)": spec(specdec.wrap(target, draft_length=0)),
+             "specdec plain bitwise (lean)": spec(specdec.wrap(target, draft_length=0, step="bitwise")),
+             "specdec head adaptive": spec(specdec.wrap(target, drafter=head)),
+             "specdec ngram+head adaptive": spec(specdec.wrap(target, drafter=LookupFirst(head)))}
+    for run in modes.values():  # warm-up: compiles the step's buckets, probes, packs
+        run(ids[0][:, :16])
+    out = {m: [] for m in modes}
+    for _ in range(a.repeats):
+        for p in ids:
+            for mode, run in modes.items():
+                t0 = time.perf_counter()
+                seq = run(p)
+                out[mode].append({"tokens": seq[0, p.shape[1]:].tolist(), "seconds": time.perf_counter() - t0})
+    return out
+
+
+def compare(files: list[str]) -> str:
+    runs: dict[str, list[dict]] = {}
+    for f in files:
+        for mode, rows in json.loads(Path(f).read_text())["modes"].items():
+            runs.setdefault(mode, []).append({"file": Path(f).name, "rows": rows})
+    ref = runs["HF generate"][0]["rows"]
+    lines = ["| engine, mode | tokens/s per run (all tokens / all seconds) | median | vs HF generate | greedy == HF |",
+             "|---|---|---|---|---|"]
+    hf_tps = statistics.median(sum(len(r["tokens"]) for r in run["rows"]) / sum(r["seconds"] for r in run["rows"])
+                               for run in runs["HF generate"])
+    for mode, group in runs.items():
+        tps = [sum(len(r["tokens"]) for r in run["rows"]) / sum(r["seconds"] for r in run["rows"]) for run in group]
+        same = all(r["tokens"][:len(h["tokens"])] == h["tokens"] for run in group for r, h in zip(run["rows"], ref))
+        lines.append(f"| {mode} | {', '.join(f'{t:.1f}' for t in tps)} | {statistics.median(tps):.1f} | "
+                     f"{statistics.median(tps) / hf_tps:.2f} | {'yes' if same else '**no**'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", choices=["vllm", "specdec"])
+    ap.add_argument("--compare", nargs="+", default=None, help="engine JSON files to render side by side")
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if a.compare:
+        table = compare(a.compare)
+        sys.path.insert(0, str(ROOT))
+        from specdec.files import write_text
+        from specdec.hf.linear import machine
+
+        write_text(out, f"# vLLM CPU and specdec side by side\n\n`python benchmarks/peers/vllm_peer.py "
+                        f"--compare {' '.join(Path(f).name for f in a.compare)}` over engine runs of "
+                        f"`vllm_peer.py --engine vllm|specdec --num-prompts {a.num_prompts} --max-new-tokens "
+                        f"{a.max_new_tokens} --repeats {a.repeats}` (module docstring: the loop that alternates "
+                        f"them).\n\n{TARGET} float32, benchmarks/prompts/chat.jsonl in the chat template, greedy, "
+                        f"single stream, 2 threads.\n\nMachine: {machine()}.\n\n{table}\n")
+        print(table)
+        return
+    modes = run_vllm(a) if a.engine == "vllm" else run_specdec(a)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"engine": a.engine, "args": vars(a), "modes": modes}))
+    tmp.replace(out)
+    for mode, rows in modes.items():
+        print(f"{mode}: {sum(len(r['tokens']) for r in rows) / sum(r['seconds'] for r in rows):.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The compiled step (hf/compiled.py): the target's greedy output at every bucket, across page
+boundaries and rollbacks, in trees and with feature heads; exact sampling of the logits it computes
+(with a lossy control that fails); fallback to the lean loop with one warning when compiling fails or
+the compiled numbers do not check; no state carried across generations, KV growth or threads."""
+import threading
+import warnings
+
+import pytest
+import torch
+
+import specdec
+from specdec.hf import compiled
+from specdec.hf.compiled import BUCKETS, CompiledRunner, auto_compiles, bucket_for, steps_for
+
+from conftest import build, hf_greedy, tiny_vocab_model
+from test_engine_sampling import empirical, exact_joint, gof
+from test_feature_head import random_head
+
+PROMPT = torch.tensor([[3, 17, 22, 5, 9]])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build("llama", seed=0, layers=3, scale=3.0)
+
+
+def _spec(model, ids, drafter=None, **kw):
+    out = specdec.generate(model, ids, drafter=drafter, do_sample=False, step="compiled",
+                           return_dict_in_generate=True, **kw)
+    return out.sequences, out.stats
+
+
+def test_buckets():
+    assert [bucket_for(n) for n in (1, 2, 3, 4, 5, 8, 9, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 32, 32]
+    assert bucket_for(33) is None  # a prefill: the lean loop
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 7, 15, 31])
+def test_greedy_equals_hf_at_every_bucket(target, k):
+    """A perfect draft (the target itself) verifies exactly k + 1 tokens a step: every bucket, padded
+    (k = 2: 3 rows in a bucket of 4) and not; 60 tokens cross three 16-slot pages."""
+    ref = hf_greedy(target, PROMPT, 60)
+    seq, stats = _spec(target, PROMPT, drafter=target if k else None, draft_length=k, max_draft_length=max(k, 1),
+                       max_new_tokens=60)
+    assert torch.equal(seq, ref)
+    assert stats.step == "compiled"
+    if k:
+        assert max(stats.draft_lengths) == k and stats.accepted_tokens == stats.drafted_tokens
+    assert not steps_for(target).failed
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])  # the lean loop's architectures
+def test_greedy_equals_hf_after_rollbacks(arch):
+    """A weak draft: most steps reject, the KV rolls back and the next forward overwrites the slots.
+    Mistral and Qwen2 bring sliding windows (7, 9 < the sequence), Qwen2 q/k/v biases."""
+    model, draft = build(arch, seed=0, scale=3.0), build(arch, seed=5, scale=3.0)
+    ref = hf_greedy(model, PROMPT, 40)
+    seq, stats = _spec(model, PROMPT, drafter=draft, draft_length=3, max_new_tokens=40)
+    assert torch.equal(seq, ref)
+    assert stats.accepted_tokens < stats.drafted_tokens  # rollbacks happened
+    assert stats.step == "compiled" and not steps_for(model).failed
+
+
+def test_greedy_with_the_short_products_both_ways(target, monkeypatch):
+    """Short float32 blocks as inductor reductions (GEMV_ROWS, on where MKL is slow for them) and through
+    F.linear: both give the target's greedy output, whichever this machine's rule picked."""
+    ref = hf_greedy(target, PROMPT, 30)
+    for rows in (0, 8):
+        monkeypatch.setattr(compiled, "GEMV_ROWS", rows)
+        model = build("llama", seed=0, layers=3, scale=3.0)  # a fresh model: its buckets compile anew
+        seq, _ = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
+        assert torch.equal(seq, ref)
+        assert not steps_for(model).failed
+
+
+def test_tree_and_feature_head(target):
+    """Tree verification (a tree block's mask, positions by depth) and a feature head (the features each
+    layer hands over come out of the compiled graphs)."""
+    ref = hf_greedy(target, PROMPT, 40)
+    draft = build("llama", seed=5, scale=3.0)
+    seq, stats = _spec(target, PROMPT, drafter=draft, tree=specdec.TreeSpec.static((2, 2)), max_new_tokens=40)
+    assert torch.equal(seq, ref) and stats.step == "compiled"
+    for fusion in (False, True):
+        head = random_head(target, seed=1, fusion=fusion)
+        seq, stats = _spec(target, PROMPT, drafter=head, draft_length=3, max_new_tokens=40)
+        assert torch.equal(seq, ref) and stats.target_forwards > 0
+
+
+def test_no_state_across_generations_growth_and_threads(target):
+    """A long generation (the page tensors grow past their first size), then a short one, then four
+    threads at once with different prompts: every output is HF's."""
+    long_prompt = torch.arange(40)[None] % 61
+    assert torch.equal(_spec(target, long_prompt, drafter=target, draft_length=7, max_new_tokens=90)[0],
+                       hf_greedy(target, long_prompt, 90))
+    assert torch.equal(_spec(target, PROMPT, max_new_tokens=10)[0], hf_greedy(target, PROMPT, 10))
+    prompts = [torch.tensor([[i, 2 * i + 1, 7, i + 3]]) for i in range(4)]
+    refs = [hf_greedy(target, p, 24) for p in prompts]
+    got, errors = [None] * 4, []
+
+    def run(i):
+        try:
+            got[i] = _spec(target, prompts[i], drafter="ngram" if i % 2 else target, draft_length=3,
+                           max_new_tokens=24)[0]
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(torch.equal(g, r) for g, r in zip(got, refs))
+
+
+def test_sampling_follows_the_logits_the_step_computes(monkeypatch):
+    """Goodness of fit of sampled speculation with the compiled step; the lossy control (typical
+    acceptance) must fail the same test, showing it has power."""
+    target, draft = tiny_vocab_model(4, 0, 4.0), tiny_vocab_model(4, 7, 4.0)
+    exact = exact_joint(target)
+    n = 3000
+    spec = specdec.wrap(target, drafter=draft, draft_length=2, step="compiled")
+    assert gof(exact, empirical(spec, n), n) > 1e-3
+    assert spec.engine.pool.num_used == 0
+    assert steps_for(target).checked and not steps_for(target).failed
+    lossy = specdec.wrap(target, drafter=draft, draft_length=2, step="compiled", acceptance="typical")
+    assert gof(exact, empirical(lossy, n), n) < 1e-6
+
+
+def test_compile_failure_falls_back_with_one_warning(monkeypatch):
+    model = build("llama", seed=3, scale=3.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor could not build its C++ (test)")
+
+    monkeypatch.setitem(compiled._compiled, "pre", broken)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        seq, stats = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
+        seq2, _ = _spec(model, PROMPT, max_new_tokens=30)
+    ours = [w for w in seen if "compiled step fell back" in str(w.message)]
+    assert len(ours) == 1 and "inductor could not build its C++ (test)" in str(ours[0].message)
+    assert torch.equal(seq, hf_greedy(model, PROMPT, 30)) and torch.equal(seq2, hf_greedy(model, PROMPT, 30))
+    assert set(steps_for(model).failed) >= {1, 4} and "lean" in stats.step
+
+
+def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch):
+    """Graphs that compile but compute something else (here: logits shifted by a token) fail their
+    bucket's check against the lean loop; the output stays the target's."""
+    model = build("llama", seed=4, scale=3.0)
+    last = compiled._graphs()["last"]
+
+    def shifted(*args):
+        x, normed, logits = last(*args)
+        return x, normed, logits.roll(1, -1)
+
+    monkeypatch.setitem(compiled._compiled, "last", shifted)
+    with pytest.warns(RuntimeWarning, match="check against the lean loop failed"):
+        seq, _ = _spec(model, PROMPT, max_new_tokens=20)
+    assert torch.equal(seq, hf_greedy(model, PROMPT, 20))
+    assert 1 in steps_for(model).failed
+
+
+def test_step_choice_and_bad_values(target, monkeypatch):
+    monkeypatch.delenv("SPECDEC_COMPILE", raising=False)
+    assert not auto_compiles(target, kernel=False)  # small: the lean loop
+    monkeypatch.setenv("SPECDEC_COMPILE", "1")
+    assert auto_compiles(target, kernel=False) and not auto_compiles(target, kernel=True)
+    monkeypatch.setenv("SPECDEC_COMPILE", "maybe")
+    with pytest.raises(ValueError, match="SPECDEC_COMPILE"):
+        auto_compiles(target, kernel=False)
+    monkeypatch.delenv("SPECDEC_COMPILE")
+    with pytest.raises(ValueError, match="step must be one of"):
+        specdec.generate(target, PROMPT, step="fast", max_new_tokens=2)
+    out = specdec.generate(target, PROMPT, step="bitwise", max_new_tokens=4, return_dict_in_generate=True)
+    assert out.stats.step == "lean" and out.stats.compile_s == 0
+    gemma = build("gemma3", seed=0)  # no lean loop: the HF modules, whatever the step asked
+    out = specdec.generate(gemma, PROMPT, step="compiled", max_new_tokens=4, return_dict_in_generate=True)
+    assert out.stats.step == "hf" and torch.equal(out.sequences, hf_greedy(gemma, PROMPT, 4))
+
+
+def test_runner_refuses_what_the_graphs_do_not_cover():
+    from specdec.cache.pool import BlockTable, PagePool
+
+    model = build("llama", seed=0)
+    model.config.hidden_act = "gelu"
+    for layer in model.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    pool = PagePool(4, 16)
+    assert compiled.unsupported_reason(model) == "activation 'gelu'"
+    assert CompiledRunner.for_model(model, pool, BlockTable(pool, "cpu")) is None
+    assert max(BUCKETS) == 32
