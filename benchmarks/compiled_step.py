@@ -32,7 +32,7 @@ from specdec.hf.linear import machine
 PREFIX = 200
 
 
-def products(model, gemv_rows: int, lean: LeanRunner | None):
+def products(model, form: tuple, lean: LeanRunner | None):
     """A function of x [n, H] running every weight product of one forward over n rows, in the path's
     form: the lean loop's bound linears (lean given), else the compiled graphs' (compiled._product,
     itself compiled)."""
@@ -43,7 +43,7 @@ def products(model, gemv_rows: int, lean: LeanRunner | None):
     if lean is not None:
         linears = [f for L in lean.layers for f in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)] + [lean.head]
         return lambda xs: [f(xs[w.shape[1]]) for f, w in zip(linears, weights)]
-    fn = torch.compile(lambda x, w: compiled._product(x, w, None, gemv_rows), dynamic=False)
+    fn = torch.compile(lambda x, w: compiled._product(x, w, None, form), dynamic=False)
     return lambda xs: [fn(xs[w.shape[1]], w) for w in weights]
 
 
@@ -81,7 +81,7 @@ def measure(model, n: int, repeats: int) -> dict:
 
     dt = next(model.parameters()).dtype
     hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
-    g = compiled.GEMV_ROWS if dt == torch.float32 else 0
+    g = compiled.PRODUCT_FORM if dt == torch.float32 else (0, 0)
     prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
     rounds = {k: [] for k in ("lean", "compiled", "lean weights", "compiled weights")}
     with torch.no_grad(), specdec_attention(model):
@@ -127,7 +127,8 @@ def main() -> None:
     md = (f"# The compiled step: where a target step's time goes\n\n`{cmd}`\n\n{a.target}, a {PREFIX}-token prefix, "
           f"{a.threads} threads, median of {a.repeats} rounds (each the median of 3 steps), lean and compiled "
           f"alternating. 'its weights': the step's weight products alone, in the path's own form; 'other' = the "
-          f"step minus that. Bandwidth line: weight bytes / streaming-read bandwidth "
+          f"step minus that (approximate: the products timed alone miss the step's other cache traffic and "
+          f"fusions, so it can come out below zero). Bandwidth line: weight bytes / streaming-read bandwidth "
           f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
     print(md)
     if a.out:

@@ -61,12 +61,14 @@ def test_greedy_equals_hf_after_rollbacks(arch):
     assert stats.step == "compiled" and not steps_for(model).failed
 
 
-def test_greedy_with_the_short_products_both_ways(target, monkeypatch):
-    """Short float32 blocks as inductor reductions (GEMV_ROWS, on where MKL is slow for them) and through
-    F.linear: both give the target's greedy output, whichever this machine's rule picked."""
+def test_greedy_with_every_product_form(target, monkeypatch):
+    """Float32 products as inductor reductions, weight-first and through F.linear (PRODUCT_FORM: the first
+    two where MKL is slow for short blocks): every form gives the target's greedy output, whichever this
+    machine's rule picked. Buckets 1, 2 and 4 are compiled and checked against the lean loop before the
+    prefill; the generation verifies 4 rows a step."""
     ref = hf_greedy(target, PROMPT, 30)
-    for rows in (0, 8):
-        monkeypatch.setattr(compiled, "GEMV_ROWS", rows)
+    for form in ((0, 0), (8, 8), (2, 16)):
+        monkeypatch.setattr(compiled, "PRODUCT_FORM", form)
         model = build("llama", seed=0, layers=3, scale=3.0)  # a fresh model: its buckets compile anew
         seq, _ = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
         assert torch.equal(seq, ref)

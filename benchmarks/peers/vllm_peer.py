@@ -144,7 +144,11 @@ def main() -> None:
                         f"`vllm_peer.py --engine vllm|specdec --num-prompts {a.num_prompts} --max-new-tokens "
                         f"{a.max_new_tokens} --repeats {a.repeats}` (module docstring: the loop that alternates "
                         f"them).\n\n{TARGET} float32, benchmarks/prompts/chat.jsonl in the chat template, greedy, "
-                        f"single stream, 2 threads.\n\nMachine: {machine()}.\n\n{table}\n")
+                        f"single stream. specdec computes on both cores (2 torch threads); vLLM's CPU worker, by its "
+                        f"own default on a 2-core machine, computes on one and reserves the other for its front end "
+                        f"(`reserve_cpu_num=1` in its log). Each engine run loads, warms up, then times every "
+                        f"generation alone; the engines ran alternately, twice each.\n\nMachine: {machine()}.\n\n"
+                        f"{table}\n")
         print(table)
         return
     modes = run_vllm(a) if a.engine == "vllm" else run_specdec(a)

@@ -12,6 +12,7 @@ import sys
 
 from .models import _default_drafter
 from .chat import cmd_chat
+from .serve import add_serve_parser, cmd_serve
 from .run import cmd_bench, cmd_demo, cmd_select
 from .zoo import cmd_zoo
 
@@ -136,6 +137,14 @@ def main(argv=None) -> None:
     ch.add_argument("--threads", type=int, default=2)
     _add_sampling_args(ch)
     _add_draft_dtype_arg(ch)
+    def model_args(p):  # chat's model and drafter options, for serve
+        p.add_argument("--target", default=DEMO_TARGET, help="zoo name, local directory or hub id")
+        p.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
+        _add_tree_arg(p)
+        p.add_argument("--threads", type=int, default=2)
+        _add_draft_dtype_arg(p)
+
+    add_serve_parser(sub, model_args)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")
     zs = z.add_subparsers(dest="zoo_cmd", required=True)
     zs.add_parser("list", help="every model name: shipped, materialised, installed, or how to get it")
@@ -163,7 +172,7 @@ def main(argv=None) -> None:
     if getattr(a, "drafter", None) == "auto":
         a.drafter = _default_drafter(a.target, a.cmd)
     try:
-        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "zoo": cmd_zoo,
+        {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "serve": cmd_serve, "zoo": cmd_zoo,
          "train-head": cmd_train_head, "head-card": cmd_head_card, "train-draft": cmd_train_draft}[a.cmd](a)
     except subprocess.CalledProcessError as e:
         raise SystemExit(f"specdec: {e}") from None

@@ -46,7 +46,7 @@ def _tree_spec(a):
 
 def _default_drafter(target: str, command: str = "demo") -> str:
     """'auto': the zoo target drafts with draft-wide; a real model with a shipped head (SmolLM2) with prompt
-    lookup in front of the head in demo and chat (measured: the highest tau and the lowest time per token
+    lookup in front of the head in demo, chat and serve (measured: the highest tau and the lowest time per token
     of its drafters, greedy and at T=0.7; README "On real models"), with n-gram in bench (whose --drafter
     HF runs too; the head modes come from --head); any other real model with n-gram."""
     from .. import zoo
@@ -54,7 +54,7 @@ def _default_drafter(target: str, command: str = "demo") -> str:
     if target == "target":
         return "draft-wide"
     head = zoo.head_for(target)
-    return "ngram+" + head if head and command in ("demo", "chat") else "ngram"
+    return "ngram+" + head if head and command in ("demo", "chat", "serve") else "ngram"
 
 
 def _drafter_arg(spec: str, tok, dtype: str = "float32", target=None):

@@ -7,9 +7,9 @@ residuals, SwiGLU, views, dispatch) on top of reading its 538 MB of weights, and
 float32 with MKL on a CPU that is not Intel's (hf/linear.py), the one-to-few-row products themselves read
 the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C++ backend) fuses each
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
-such a machine (`GEMV_ROWS`) writes a short block's products as reductions it vectorises itself, reading
-each weight once for all the block's rows: a SmolLM2 token 64 -> about 45 ms on an AMD EPYC (2 threads,
-benchmarks/results/compiled_step.md).
+such a machine (`PRODUCT_FORM`) multiplies one or two rows as reductions it vectorises itself (reading
+each weight once for both rows) and 3-16 rows weight-first: a SmolLM2 token about 64-84 -> 34-45 ms on an
+AMD EPYC (2 threads, benchmarks/results/compiled_step.md).
 
 What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
@@ -52,10 +52,13 @@ from .lean import LeanRunner, _select_rows
 log = logging.getLogger("specdec")
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
-# a short float32 block's products as inductor reductions (one read of each weight for all rows) up to
-# this many rows, where MKL's own short-block products are slow (the weight-first rule's machines,
-# hf/linear.py); 0: every product through F.linear (inductor calls the BLAS)
-GEMV_ROWS = 8 if linear.WEIGHT_FIRST_MAX_ROWS > 0 else 0
+# how a float32 block's products multiply, by its rows: (most rows as inductor reductions, most rows
+# weight-first), on the machines where MKL's own short-block products are slow (the weight-first rule's,
+# hf/linear.py). Measured there (AMD EPYC, 2 threads, a whole SmolLM2 step): 1 row 34 ms as reductions
+# against 73 through F.linear; 2 rows 53 against 60 weight-first; 4 rows 67 weight-first against 97 as
+# reductions or F.linear; 8 rows 104 against 154 (F.linear) and 184 (reductions); 16 rows 104 against 149.
+# (0, 0): every product through F.linear (inductor calls the BLAS), as elsewhere.
+PRODUCT_FORM = (2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else (0, 0)
 ACTIVATIONS = {"silu": F.silu}
 
 
@@ -64,13 +67,17 @@ def bucket_for(n: int) -> int | None:
     return next((b for b in BUCKETS if b >= n), None)
 
 
-def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, gemv_rows: int) -> torch.Tensor:
-    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out]: one reduction per row where B <= gemv_rows (inductor
-    fuses them into one loop over w), else F.linear."""
+def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, form: tuple) -> torch.Tensor:
+    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out], in the form PRODUCT_FORM gives for B rows: one
+    reduction per row (inductor fuses them into one loop over w), weight-first (w @ xᵀ), or F.linear."""
+    gemv_rows, weight_first_rows = form
     if x.shape[0] <= gemv_rows:
         y = torch.stack([(x[j] * w).sum(-1) for j in range(x.shape[0])])
-        return y if bias is None else y + bias
-    return F.linear(x, w, bias)
+    elif x.shape[0] <= weight_first_rows:
+        y = torch.mm(w, x.t()).t()
+    else:
+        return F.linear(x, w, bias)
+    return y if bias is None else y + bias
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -251,7 +258,8 @@ class CompiledRunner(LeanRunner):
         self.final_norm_w, self.head_w = inner.norm.weight, model.lm_head.weight
         self.dims = (self.hq, self.hkv, self.head_dim, inner.norm.variance_epsilon)
         self.act = model.config.get_text_config().hidden_act
-        self.gemv_rows = GEMV_ROWS if self.head_w.device.type == "cpu" and self.head_w.dtype == torch.float32 else 0
+        on_form = self.head_w.device.type == "cpu" and self.head_w.dtype == torch.float32
+        self.form = PRODUCT_FORM if on_form else (0, 0)
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     @classmethod
@@ -328,7 +336,7 @@ class CompiledRunner(LeanRunner):
         return ref
 
     def _compiled(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
-        n, graphs, g = x.shape[0], _graphs(), self.gemv_rows
+        n, graphs, g = x.shape[0], _graphs(), self.form
         cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
         if bucket > n:  # pad rows: zeros (their outputs are dropped; attention never sees them)
             x, cos, sin = (F.pad(t, (0, 0, 0, bucket - n)) for t in (x, cos, sin))

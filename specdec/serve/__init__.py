@@ -1,0 +1,34 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server over one speculative engine, with a chat page that
+shows which tokens the drafter guessed (optional extra `[serve]`: FastAPI, uvicorn, sse-starlette,
+prometheus-client; nothing here is imported by `import specdec`).
+
+worker.py runs the generations (one at a time, a bounded queue, the previous conversation's KV reused);
+protocol.py checks requests; app.py is the HTTP face; static/ the page.
+"""
+from __future__ import annotations
+
+import socket
+
+
+def check_port(host: str, port: int) -> None:
+    """OSError naming the address when it cannot be bound (in use, or not this machine's), before any model
+    loads: a server that cannot listen should say so at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def build_app(target, tokenizer, drafter=None, model_name: str = "specdec", max_queue: int = 8,
+              warm_up: bool = True, **options):
+    """The ASGI app over a GenerationWorker for (target, drafter); options go to specdec.wrap."""
+    from .app import create_app
+    from .worker import GenerationWorker
+
+    worker = GenerationWorker(target, tokenizer, drafter, max_queue=max_queue, **options)
+    if warm_up:
+        worker.warm_up()
+    return create_app(worker, model_name), worker
