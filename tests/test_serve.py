@@ -73,6 +73,14 @@ def server():
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
 
 
+def _settle(worker, seconds: float = 20) -> None:
+    """Wait until no generation runs or waits (a worker thread leaves just after its last event)."""
+    deadline = time.time() + seconds
+    while worker.queued and time.time() < deadline:
+        time.sleep(0.05)
+    assert worker.queued == 0
+
+
 def test_chat_streamed_equals_non_streamed_equals_hf_greedy(server):
     c = server.client
     assert [m.id for m in c.models.list().data] == [NAME]
@@ -146,10 +154,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
             lines += line.startswith("data:")
             if lines == 3:
                 break
-    deadline = time.time() + 20
-    while server.worker.queued and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.worker.queued == 0
+    _settle(server.worker)
     kept = len(server.worker.model.engine.cached_tokens)  # the partial answer's KV only
     prompt = len(render(server.tok, Request("chat", NAME, body["messages"], None, 1, 0, 1, [], None, False, False)))
     assert kept < prompt + 200
@@ -196,7 +201,7 @@ def test_full_queue_answers_429_and_a_bounded_load_loses_nothing():
         refused = sum(r == 429 for _, r in results)
         assert 0 < refused < 12  # the queue filled, and some got through
         assert all(r == refs[p] for p, r in results if r != 429)
-        assert s.worker.queued == 0
+        _settle(s.worker)
         s.worker.model.engine.release_cache()
         assert s.worker.pages_in_use == 0
     finally:
