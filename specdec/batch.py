@@ -170,7 +170,8 @@ def _generate(engine: Engine, requests, sampling, generator):
     ps = engine.page_size
     need = sum(-(-(r.prompt.numel() + r.limits.max_new_tokens + planner.max_length + 2) // ps) * ps for r in requests)
     pool = engine._pool_for(need)
-    runner = BatchRunner(target, pool, kernel=engine.kernel)
+    runner = BatchRunner(target, pool, lean=engine.lean, kernel=engine.kernel, step=engine.step,
+                         max_tokens=len(requests) * (planner.max_length + 1))
     runner.capture = engine.feature_layers
     features = [FeatureLog() for _ in requests] if engine.feature_layers else None
     rows: list[_Row] = []
@@ -206,6 +207,9 @@ def _generate(engine: Engine, requests, sampling, generator):
             drafts.end()
         for row in rows:
             row.table.release()
+    step = runner.lean.step_name if runner.lean is not None else "hf"
+    for row in rows:
+        row.stats.step = step
     return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
 
 

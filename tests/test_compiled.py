@@ -106,7 +106,7 @@ def test_no_state_across_generations_growth_and_threads(target):
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]  # dynamo's settings are per thread
     for t in threads:
         t.start()
     for t in threads:
@@ -135,7 +135,8 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("inductor could not build its C++ (test)")
 
-    monkeypatch.setitem(compiled._compiled, "pre", broken)
+    real = compiled.make_graphs
+    monkeypatch.setattr(compiled, "make_graphs", lambda tag: dict(real(tag), pre=broken))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         seq, stats = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
@@ -150,13 +151,19 @@ def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch):
     """Graphs that compile but compute something else (here: logits shifted by a token) fail their
     bucket's check against the lean loop; the output stays the target's."""
     model = build("llama", seed=4, scale=3.0)
-    last = compiled._graphs()["last"]
+    real = compiled.make_graphs
 
-    def shifted(*args):
-        x, normed, logits = last(*args)
-        return x, normed, logits.roll(1, -1)
+    def with_shifted_logits(tag):
+        graphs = real(tag)
+        last = graphs["last"]
 
-    monkeypatch.setitem(compiled._compiled, "last", shifted)
+        def shifted(*args):
+            x, normed, logits = last(*args)
+            return x, normed, logits.roll(1, -1)
+
+        return dict(graphs, last=shifted)
+
+    monkeypatch.setattr(compiled, "make_graphs", with_shifted_logits)
     with pytest.warns(RuntimeWarning, match="check against the lean loop failed"):
         seq, _ = _spec(model, PROMPT, max_new_tokens=20)
     assert torch.equal(seq, hf_greedy(model, PROMPT, 20))
@@ -192,3 +199,37 @@ def test_runner_refuses_what_the_graphs_do_not_cover():
     assert compiled.unsupported_reason(model) == "activation 'gelu'"
     assert CompiledRunner.for_model(model, pool, BlockTable(pool, "cpu")) is None
     assert max(BUCKETS) == 32
+
+
+@pytest.mark.parametrize("rows_count", [3, 6])  # 6 rows: the batch attends laid out padded (RowLayout)
+def test_a_padded_batch_gives_every_row_its_own_greedy_output(target, rows_count):
+    """A left-padded batch's packed forwards (every row's tokens together, padded to a bucket) through the
+    compiled step: every row is its own HF greedy generation."""
+    from test_batches import left_padded
+    from test_engine_greedy import prompts
+
+    rows = prompts(rows_count, seed=11, length=(3, 12))
+    ids, mask = left_padded(rows)
+    draft = build("llama", seed=5, scale=3.0)
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=draft, draft_length=2, max_new_tokens=20,
+                           eos_token_id=None, step="compiled", return_dict_in_generate=True)
+    for i, r in enumerate(rows):
+        assert torch.equal(out.sequences[i, ids.shape[1]:], hf_greedy(target, r, 20, eos_token_id=None)[0, r.shape[1]:]), i
+    assert {s.step for s in out.stats} == {"compiled"} and not steps_for(target).failed
+
+
+def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward():
+    """A compiled bucket that raises later (a guard dynamo will not recompile, say) costs one lean forward
+    and a warning; the bucket stays on the lean loop and the output stays the target's."""
+    model = build("llama", seed=6, scale=3.0)
+    ref = hf_greedy(model, PROMPT, 20)
+    assert torch.equal(_spec(model, PROMPT, max_new_tokens=20)[0], ref)
+    steps = steps_for(model)
+
+    def broken(*args):
+        raise RuntimeError("guard failure (test)")
+
+    steps._graphs = dict(steps.graphs, mid=broken)
+    with pytest.warns(RuntimeWarning, match="guard failure \\(test\\)"):
+        seq, stats = _spec(model, PROMPT, max_new_tokens=20)
+    assert torch.equal(seq, ref) and 1 in steps.failed and "lean" in stats.step

@@ -27,6 +27,7 @@ from ..transfer import to_device
 from .attention import check_supported
 from .cache import PagedCache, RowLayout, StepMeta
 from .features import FeatureCapture
+from .compiled import CompiledRunner, auto_compiles
 from .lean import LeanRunner
 from .runner import causal_mask, num_layers_of
 
@@ -61,15 +62,24 @@ class RowForward:
 class BatchRunner:
     """One model's page tensors on `pool`, addressed through any number of rows' block tables."""
 
-    def __init__(self, model, pool: PagePool, lean: bool = True, exact: bool = True, kernel: bool = False):
+    def __init__(self, model, pool: PagePool, lean: bool = True, exact: bool = True, kernel: bool = False,
+                 step: str = "bitwise", max_tokens: int = 1):
         """lean: run the lean loop where the model passes its probe, bit for bit (exact: a target's logits
         decide the output) or within rounding (a draft's only move acceptance). kernel: the HF modules
-        with the Triton kernels (the lean loop is then never used)."""
+        with the Triton kernels (the lean loop is then never used). step: a target's step (hf/compiled.py;
+        'auto' or 'compiled' run the compiled step where it applies, its buckets up to max_tokens packed
+        tokens compiled now)."""
         check_supported(model)
         self.model = model
         self.device = next(model.parameters()).device
         self.kernel = kernel
-        self.lean = LeanRunner.for_model(model, pool, None, exact=exact) if lean and not kernel else None
+        self.lean = None
+        if lean and exact and not kernel and (step == "compiled" or (step == "auto" and auto_compiles(model, kernel))):
+            self.lean = CompiledRunner.for_model(model, pool, None)
+            if self.lean is not None:
+                self.lean.prepare(max_tokens)
+        if self.lean is None and lean and not kernel:
+            self.lean = LeanRunner.for_model(model, pool, None, exact=exact)
         self.kv = self.lean.kv if self.lean is not None else PagedKV(pool, num_layers_of(model), self.device)
         self.cache = PagedCache(self.kv)
         self.num_layers = self.kv.num_layers

@@ -17,8 +17,9 @@ final norm and the LM head (`_last`). Between them attention stays eager (hf/lea
 writes, the page gather, SDPA under the step's mask), so the compiled graphs see only [bucket, ...]
 shapes: no dynamic length, nothing that grows with the KV, no state of the sequence. A forward of n
 tokens pads to the smallest bucket >= n (BUCKETS; pad rows are zeros, their outputs dropped); longer
-forwards (prefill) and what the graphs do not cover (a packed batch, entry at a later layer, a
-quantized draft's joined products) take the lean loop.
+forwards (prefill) and what the graphs do not cover (entry at a later layer, a quantized draft's joined
+products) take the lean loop. A packed batch (hf/batch_runner.py) runs its rows' tokens together through
+the same buckets, attention row by row as the lean loop does it.
 
 Exactness: the graphs compute the same math as HF's modules in another rounding (fused loops, other
 summation order), so logits differ from HF's eager ones in the last bits; the promise kept is the
@@ -36,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import types
 import warnings
 import weakref
 
@@ -47,7 +49,7 @@ from ..cache.pool import BlockTable, PagePool
 from . import linear
 from .attention import specdec_attention
 from .cache import StepMeta
-from .lean import LeanRunner, _select_rows
+from .lean import LeanRunner, _select_rows, rope
 
 log = logging.getLogger("specdec")
 
@@ -86,10 +88,6 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * h.to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
-
-
 def _pre(x, p, cos, sin, dims, g):
     """Input norm, q/k/v and RoPE of one layer: x [B, H] -> q [B, Hq, D], k, v [B, Hkv, D]."""
     Hq, Hkv, D, eps = dims
@@ -97,7 +95,7 @@ def _pre(x, p, cos, sin, dims, g):
     q = _product(h, p[1], p[2], g).view(-1, Hq, D)
     k = _product(h, p[3], p[4], g).view(-1, Hkv, D)
     v = _product(h, p[5], p[6], g).view(-1, Hkv, D)
-    return _rope(q, cos, sin), _rope(k, cos, sin), v
+    return rope(q, cos, sin), rope(k, cos, sin), v
 
 
 def _post(att, x, p, eps, act, g):
@@ -150,10 +148,10 @@ def unsupported_reason(model) -> str | None:
 
 
 class CompiledSteps:
-    """One model's compiled step on one (dtype, device): which buckets are compiled and checked, which fell
-    back and why, and the seconds spent compiling. Shared by every runner of the model (a runner lives one
-    generation); buckets are compiled under one process-wide lock (threads may generate at once, and
-    dynamo compiles one frame at a time)."""
+    """One model's compiled step on one (dtype, device): its own three compiled functions (make_graphs),
+    which buckets are compiled and checked, which fell back and why, and the seconds spent compiling.
+    Shared by every runner of the model (a runner lives one generation); buckets compile under one
+    process-wide lock (threads may generate at once)."""
 
     def __init__(self, model):
         self.model_ref = weakref.ref(model)
@@ -161,6 +159,16 @@ class CompiledSteps:
         self.failed: dict[int, str] = {}
         self.compile_s = 0.0
         self._warned = False
+        self._graphs: dict | None = None
+
+    @property
+    def graphs(self) -> dict:
+        if self._graphs is None:
+            with _compiling:
+                if self._graphs is None:
+                    self._graphs = make_graphs(len(_made))
+                    _made.append(weakref.ref(self))
+        return self._graphs
 
     def fail(self, bucket: int, reason: str) -> None:
         self.failed[bucket] = reason
@@ -171,8 +179,8 @@ class CompiledSteps:
 
 
 _steps: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
-_compiled: dict[str, object] = {}
-_compiling = threading.RLock()  # held while a bucket compiles and checks (and while _graphs() fills _compiled)
+_made: list = []  # every CompiledSteps that made graphs (their count numbers the next one's code objects)
+_compiling = threading.RLock()  # held while a bucket compiles and checks, and while graphs are made
 
 
 def steps_for(model) -> CompiledSteps:
@@ -184,22 +192,18 @@ def steps_for(model) -> CompiledSteps:
     return per_model[key]
 
 
-def _graphs():
-    """The three compiled functions, made once per process (inductor's on-disk cache serves the next one).
-    Every model, dtype and bucket is a recompile of the same code, hence the raised recompile limit."""
-    if not _compiled:
-        with _compiling:
-            if not _compiled:
-                _make_graphs()
-    return _compiled
-
-
-def _make_graphs() -> None:
-    cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, 256)
-    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4096)
-    _compiled.update({name: torch.compile(fn, dynamic=False, fullgraph=True)
-                      for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last))})
+def make_graphs(tag: int) -> dict:
+    """'pre', 'mid', 'last' compiled, each from a code object of its own (named with `tag`). Dynamo keeps one
+    cache per code object and refuses to compile past its recompile limit (8; a setting that, in this
+    torch, holds only for the thread that sets it): with the module's functions shared, a process that runs
+    a few models' buckets would exhaust it. One model and dtype needs at most len(BUCKETS) entries each.
+    Inductor's on-disk cache serves the same graphs to the next process whatever the name."""
+    graphs = {}
+    for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last)):
+        code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+        fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        graphs[name] = torch.compile(fresh, dynamic=False, fullgraph=True)
+    return graphs
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -302,13 +306,19 @@ class CompiledRunner(LeanRunner):
     def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
         n = x.shape[0]
         bucket = bucket_for(n)
-        if bucket is None or first != 0 or meta.rows is not None or bucket in self.steps.failed:
+        if bucket is None or first != 0 or bucket in self.steps.failed:
             return super().run_meta(x, meta, need, logits_rows, first)
         if bucket not in self.steps.checked:
             with _compiling:
                 if bucket not in self.steps.checked:
                     return self._first(x, meta, need, logits_rows, bucket)
-        return self._compiled(x, meta, need, logits_rows, bucket)
+        try:
+            return self._compiled(x, meta, need, logits_rows, bucket)
+        except Exception as e:  # noqa: BLE001 (e.g. a guard miss that dynamo may not recompile: run it lean;
+            # the lean loop rewrites every layer's KV for these slots, whatever the graphs had written)
+            with _compiling:
+                self.steps.fail(bucket, f"{type(e).__name__} at run time: {str(e).splitlines()[0] if str(e) else ''}")
+            return super().run_meta(x, meta, need, logits_rows, first)
 
     def _first(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
         """A bucket's first forward (the lock held): compile, then check against the lean loop on the same
@@ -336,7 +346,7 @@ class CompiledRunner(LeanRunner):
         return ref
 
     def _compiled(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
-        n, graphs, g = x.shape[0], _graphs(), self.form
+        n, graphs, g = x.shape[0], self.steps.graphs, self.form
         cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
         if bucket > n:  # pad rows: zeros (their outputs are dropped; attention never sees them)
             x, cos, sin = (F.pad(t, (0, 0, 0, bucket - n)) for t in (x, cos, sin))
@@ -364,9 +374,18 @@ class CompiledRunner(LeanRunner):
         return _select_rows(logits[:n], logits_rows)
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> torch.Tensor:
-        """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages."""
+        """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages.
+        A packed batch laid out padded (meta.rows) attends row by row in one call, as the lean loop does."""
         n, layer = q.shape[0], self.layers[i]
         self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        rows = meta.rows
+        if rows is not None:
+            B = rows.k_slots.shape[0]
+            keys, vals = self.kv.gather_rows(i, rows.k_slots)  # [B, Hkv, T_max, D]
+            qb = q[rows.q_index].view(B, -1, self.hq, self.head_dim).transpose(1, 2)  # [B, Hq, n_max, D]
+            att = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=rows.mask_for(layer.sliding_window),
+                                                 scale=layer.scaling, enable_gqa=self.hq != self.hkv)
+            return att.transpose(1, 2).reshape(-1, self.hq * self.head_dim)[rows.out_index]
         keys, vals = self.kv.gather(i, meta.read_slots)  # [1, Hkv, T, D]
         mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
         att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, vals, attn_mask=mask,
