@@ -8,8 +8,8 @@ float32 with MKL on a CPU that is not Intel's (hf/linear.py), the one-to-few-row
 the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C++ backend) fuses each
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
 such a machine (`PRODUCT_FORM`) multiplies one or two rows as reductions it vectorises itself (reading
-each weight once for both rows) and 3-16 rows weight-first: a SmolLM2 token about 64-84 -> 34-45 ms on an
-AMD EPYC (2 threads, benchmarks/results/compiled_step.md).
+each weight once for both rows) and 3-16 rows weight-first: a SmolLM2 token 63.5 -> 38.4 ms on an AMD
+EPYC (2 threads, benchmarks/results/compiled_step.md).
 
 What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
@@ -26,7 +26,8 @@ summation order), so logits differ from HF's eager ones in the last bits; the pr
 target's greedy output and exact sampling of the logits the step computes (`step="bitwise"` keeps the
 lean loop's bit-for-bit logits). Each (model, dtype, bucket) is checked once, on its first forward,
 against the lean loop on the same inputs (same argmax on every row, logits within rounding); a bucket
-that fails it, or fails to compile, falls back to the lean loop with one warning naming the reason.
+that fails it, fails to compile or raises later falls back to the lean loop with one warning naming
+the reason.
 
 Shapes: x, the hidden states [B, H] (B the bucket); q [B, Hq, D], k and v [B, Hkv, D]; att [B, Hq * D];
 cos, sin [B, 1, D]; logits [B, V] float32.
