@@ -135,7 +135,7 @@ def main() -> int:
     # ------------------------------------------------------------------ 2. timing
     num_q_heads, num_kv_heads, head_dim, page_size, n = 32, 8, 128, 16, 64
     dtype = torch.bfloat16
-    parents = [-1] + [rnd.randrange(max(1, i - 8), i) for i in range(1, n)]  # bushy, depth ~ 10
+    parents = [-1] + [rnd.randrange(max(0, i - 8), i) for i in range(1, n)]  # bushy, depth ~ 10
     mask = ancestor_mask(parents)
     scale = head_dim ** -0.5
     print(f"\ntiming: {n} tree nodes, {num_q_heads} q heads / {num_kv_heads} kv heads, head_dim {head_dim}, "

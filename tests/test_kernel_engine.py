@@ -71,3 +71,38 @@ def test_a_batch_on_the_kernel_path_gives_every_row_its_own_greedy_output(arch, 
             assert torch.equal(out[i, ids.shape[1]:], w), (spec, i)
         assert launches and launches[0] == 3  # the prefill: every row in one launch per layer
         assert model.engine.pool.num_used == 0
+
+
+def test_the_cache_goes_under_the_keyword_this_transformers_reads(monkeypatch):
+    """transformers renamed forward's past_key_values= to cache= within 5.x (5.17 reads only the first, 5.25
+    only the second): under the other name our paged cache lands in **kwargs unread and the model keeps its
+    keys in a DynamicCache of its own (seen on the first GPU, transformers 5.17: the kernel was handed that
+    cache's [1, H, T, D] keys for pages). The keyword follows the model's signature, and a forward whose
+    layers did not write through our cache stops with an error naming it instead of running on."""
+    import inspect
+
+    from specdec.hf import cache as hf_cache
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            pass
+
+    assert hf_cache.cache_keyword(Old()) == "past_key_values"
+    target = build("llama", seed=0)
+    want = "cache" if "cache" in inspect.signature(type(target).forward).parameters else "past_key_values"
+    assert hf_cache.cache_keyword(target) == want
+    ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    ref = hf_greedy(target, ids, 6, eos_token_id=None)
+    model = specdec.wrap(target, drafter="ngram", draft_length=2)
+    model.engine.kernel = True
+    assert torch.equal(model.generate(ids, max_new_tokens=6, eos_token_id=None), ref)
+    # a name the forward does not read (5.25 still maps the old one): the model builds its own cache,
+    # and the engine must notice rather than decode from it
+    wrong = "a_cache_nobody_reads"
+    monkeypatch.setattr(hf_cache, "cache_keyword", lambda model: wrong)
+    monkeypatch.setattr("specdec.hf.runner.cache_keyword", lambda model: wrong)
+    model = specdec.wrap(target, drafter="ngram", draft_length=2, step="bitwise")
+    model.engine.lean = False  # through the HF modules, the path that reads the keyword
+    with pytest.raises(RuntimeError, match="wrote their keys through specdec's paged cache"):
+        model.generate(ids, max_new_tokens=6, eos_token_id=None)
+    assert model.engine.pool.num_used == 0

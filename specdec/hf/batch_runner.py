@@ -25,7 +25,7 @@ from ..cache.pool import BlockTable, PagePool
 from ..kernels.tree_rows import KernelRows
 from ..transfer import to_device
 from .attention import check_supported
-from .cache import PagedCache, RowLayout, StepMeta
+from .cache import PagedCache, RowLayout, StepMeta, cache_keyword, check_cache_used
 from .features import FeatureCapture
 from .compiled import CompiledRunner, auto_compiles
 from .lean import LeanRunner
@@ -145,8 +145,8 @@ class BatchRunner:
                 self.last_features = list(self.lean.last_features.split(ran))
             return list(logits.split(sizes))
         self.cache.meta = meta
-        kwargs = dict(input_ids=tokens[None], position_ids=meta.q_pos[None], cache=self.cache, use_cache=True,
-                      specdec_meta=meta, logits_to_keep=keep)
+        kwargs = {"input_ids": tokens[None], "position_ids": meta.q_pos[None], cache_keyword(self.model): self.cache,
+                  "use_cache": True, "specdec_meta": meta, "logits_to_keep": keep}
         try:
             if self.capture:
                 with FeatureCapture(self.model, self.capture) as cap:
@@ -156,10 +156,7 @@ class BatchRunner:
                 out = self.model(**kwargs)
         finally:
             self.cache.meta = None
-        if meta.calls != self.num_layers:
-            raise RuntimeError(
-                f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {self.num_layers} layers; "
-                "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
+        check_cache_used(self.model, meta, self.num_layers)
         return list(out.logits[0].float().split(sizes))
 
 

@@ -7,6 +7,9 @@ attention function needs (dense [1, Hkv, T, D] on the torch path, the page tenso
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +79,7 @@ class StepMeta:
     rows: RowLayout | None = None
     kernel_rows: object = None  # a packed batch on the kernel path: kernels.tree_rows.KernelRows
     calls: int = 0
+    writes: int = 0  # PagedCache.update calls: a model that kept its keys in a cache of its own wrote none
     _masks: dict = field(default_factory=dict)
 
     @property
@@ -141,6 +145,7 @@ class PagedCache(Cache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         meta = self.meta
+        meta.writes += 1
         self.kv.write(layer_idx, meta.write_slots, key_states, value_states)
         if meta.kernel:
             return self.kv.pages_view(layer_idx)
@@ -153,3 +158,28 @@ class PagedCache(Cache):
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         return self.get_seq_length()
+
+
+def cache_keyword(model) -> str:
+    """The forward keyword that takes our Cache: 'cache' (newer transformers 5 releases) or
+    'past_key_values' (earlier ones, e.g. 5.17). Passed under the other name it lands in **kwargs unread
+    and the model silently builds a DynamicCache of its own."""
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def check_cache_used(model, meta: "StepMeta", layers: int) -> None:
+    """After a forward through the HF modules: every layer's attention ran ours and wrote through our cache."""
+    if meta.calls != layers:
+        raise RuntimeError(
+            f"{type(model).__name__}: specdec attention ran in {meta.calls} of {layers} layers; "
+            "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
+    if meta.writes != layers:
+        raise RuntimeError(
+            f"{type(model).__name__}: {meta.writes} of {layers} layers wrote their keys through specdec's paged "
+            f"cache (passed as {cache_keyword(model)}=); this transformers version's forward keeps them elsewhere")

@@ -12,7 +12,7 @@ import torch
 from ..cache.paged import PagedKV
 from ..cache.pool import BlockTable, PagePool
 from .attention import check_supported
-from .cache import PagedCache, StepMeta
+from .cache import PagedCache, StepMeta, cache_keyword, check_cache_used
 
 
 def num_layers_of(model) -> int:
@@ -165,8 +165,8 @@ class ModelRunner:
         keep = 0 if logits_rows is None else logits_rows
         inputs = dict(input_ids=tokens[None]) if hidden is None else dict(inputs_embeds=hidden[None])
         model = self._model_from(start_layer if hidden is not None else 0)
-        kwargs = dict(position_ids=positions[None], cache=self.cache, use_cache=True, specdec_meta=meta,
-                      logits_to_keep=keep)
+        kwargs = {"position_ids": positions[None], cache_keyword(model): self.cache, "use_cache": True,
+                  "specdec_meta": meta, "logits_to_keep": keep}
         if self.capture:
             from .features import FeatureCapture
 
@@ -176,9 +176,6 @@ class ModelRunner:
         else:
             out = model(**inputs, **kwargs)
         layers = self.num_layers - (start_layer if hidden is not None else 0)
-        if meta.calls != layers:
-            raise RuntimeError(
-                f"{type(self.model).__name__}: specdec attention ran in {meta.calls} of {layers} layers; "
-                "this model computes attention outside transformers' AttentionInterface and cannot use the paged cache")
+        check_cache_used(self.model, meta, layers)
         self.cache.meta = None
         return out.logits[0].float()
