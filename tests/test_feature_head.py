@@ -16,11 +16,15 @@ from specdec.training.head_trainer import save_head
 from conftest import VOCAB, build, hf_greedy, tiny_vocab_model
 
 
-def random_head(target, seed=0, fusion=False, draft_vocab=0, num_layers=1, scale=1.0):
+def random_head(target, seed=0, fusion=False, draft_vocab=0, num_layers=1, scale=1.0, arch="eagle"):
     torch.manual_seed(seed)
-    net = HeadNet(HeadConfig.for_target(target, fusion=fusion, draft_vocab=draft_vocab, num_layers=num_layers))
+    net = HeadNet(HeadConfig.for_target(target, fusion=fusion, draft_vocab=draft_vocab, num_layers=num_layers,
+                                        arch=arch))
     if draft_vocab:
         net.vocab_ids.copy_(torch.randperm(net.config.vocab_size)[:draft_vocab].sort().values)
+    if net.lm_head is not None:  # eagle3's own LM head: some rows of the target's, scaled (not the target's)
+        with torch.no_grad():
+            net.lm_head.weight.copy_(target.get_output_embeddings().weight[net.vocab_ids] * 0.5)
     with torch.no_grad():
         for p in net.parameters():
             if p.dim() >= 2:
@@ -36,11 +40,14 @@ class Recording(FeatureHead):
         super().end()
 
 
+KINDS = {"top": dict(fusion=False), "fusion": dict(fusion=True), "eagle3": dict(arch="eagle3")}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-@pytest.mark.parametrize("fusion", [False, True])
-def test_head_keeps_greedy_output_chains_and_trees(arch, fusion):
+@pytest.mark.parametrize("kind", KINDS)
+def test_head_keeps_greedy_output_chains_and_trees(arch, kind):
     target = build(arch, seed=0, layers=4)
-    head = random_head(target, fusion=fusion, draft_vocab=40)
+    head = random_head(target, draft_vocab=40, **KINDS[kind])
     g = torch.Generator().manual_seed(5)
     trees = [specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2), specdec.TreeSpec.static([2, 2])]
     for _ in range(2):
@@ -49,17 +56,17 @@ def test_head_keeps_greedy_output_chains_and_trees(arch, fusion):
         for kw in [dict(draft_length=3), dict(draft_length="adaptive")] + [dict(tree=t) for t in trees]:
             out = specdec.generate(target, ids, drafter=head, max_new_tokens=24, eos_token_id=None,
                                    return_dict_in_generate=True, **kw)
-            assert torch.equal(out.sequences, ref), (arch, fusion, kw)
+            assert torch.equal(out.sequences, ref), (arch, kind, kw)
             assert out.stats.drafted_tokens > 0
 
 
 @pytest.mark.parametrize("lean", [True, False])
-@pytest.mark.parametrize("fusion", [False, True])
-def test_engine_hands_the_head_the_targets_own_features(lean, fusion):
+@pytest.mark.parametrize("kind", KINDS)
+def test_engine_hands_the_head_the_targets_own_features(lean, kind):
     """The log after a generation holds, for every position the target ran, what a teacher-forced
     forward computes there (lean loop and HF hooks alike), so the head catches up on exactly these."""
     target = build("llama", seed=1, layers=4)
-    head = Recording(random_head(target, fusion=fusion).net, target)
+    head = Recording(random_head(target, **KINDS[kind]).net, target)
     ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
     for kw in [dict(draft_length=3), dict(tree=specdec.TreeSpec.dynamic(nodes=6, depth=3, topk=2))]:
         engine = specdec.api._make_engine(target, head, **kw)
@@ -71,11 +78,12 @@ def test_engine_hands_the_head_the_targets_own_features(lean, fusion):
         torch.testing.assert_close(got, want[:-1], rtol=1e-5, atol=1e-5)
 
 
-def test_paged_forward_equals_the_training_unroll():
+@pytest.mark.parametrize("kind", ["top", "eagle3"])
+def test_paged_forward_equals_the_training_unroll(kind):
     """The drafter's catch-up and draft steps over pages compute what HeadNet.unroll trains: step 1 on
-    true features, step 2 on the head's own predicted feature."""
-    target = build("llama", seed=2, layers=3)
-    head = random_head(target, seed=3, draft_vocab=30)
+    true features, step 2 on the head's own predicted feature (eagle3: its pre-norm hidden)."""
+    target = build("llama", seed=2, layers=3 if kind == "top" else 4)
+    head = random_head(target, seed=3, draft_vocab=30, **KINDS[kind])
     seq = torch.randint(3, VOCAB, (20,), generator=torch.Generator().manual_seed(4))
     f = target_features(target, seq, head.feature_layers)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list), train-head, head-card,
+"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list), train-head, export-head, head-card,
 train-draft.
 
 Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
@@ -161,10 +161,11 @@ def main(argv=None) -> None:
     c.add_argument("--prompts", type=int, default=16)
     c.add_argument("--new-tokens", type=int, default=64)
     c.add_argument("--work", default="zoo_work")
-    from .heads import (add_head_card_parser, add_train_draft_parser, add_train_head_parser, cmd_head_card,
-                        cmd_train_draft, cmd_train_head)
+    from .heads import (add_export_head_parser, add_head_card_parser, add_train_draft_parser, add_train_head_parser,
+                        cmd_export_head, cmd_head_card, cmd_train_draft, cmd_train_head)
 
     add_train_head_parser(sub)
+    add_export_head_parser(sub)
     add_head_card_parser(sub)
     add_train_draft_parser(sub)
     a = ap.parse_args(argv)
@@ -173,7 +174,7 @@ def main(argv=None) -> None:
         a.drafter = _default_drafter(a.target, a.cmd)
     try:
         {"demo": cmd_demo, "bench": cmd_bench, "select-draft": cmd_select, "chat": cmd_chat, "serve": cmd_serve, "zoo": cmd_zoo,
-         "train-head": cmd_train_head, "head-card": cmd_head_card, "train-draft": cmd_train_draft}[a.cmd](a)
+         "train-head": cmd_train_head, "export-head": cmd_export_head, "head-card": cmd_head_card, "train-draft": cmd_train_draft}[a.cmd](a)
     except subprocess.CalledProcessError as e:
         raise SystemExit(f"specdec: {e}") from None
     except (ValueError, OSError, PoolExhausted) as e:

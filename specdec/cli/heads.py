@@ -11,7 +11,7 @@ from ..training.loop import PRECISIONS
 
 
 PATHS = ("target", "data", "out", "work")  # the trainers' fields the commands set themselves
-CHOICES = {"precision": PRECISIONS}         # fields whose values argparse checks
+CHOICES = {"precision": PRECISIONS, "arch": ("eagle", "eagle3")}  # fields whose values argparse checks
 
 
 def _add_fields(parser, args_class, special: dict | None = None) -> None:
@@ -86,6 +86,39 @@ def cmd_head_card(a) -> None:
     card = measure_head(head_dir, target, tok, a.num_prompts, a.new_tokens)
     write_card(head_dir, card)
     print(to_markdown(card))
+
+
+def add_export_head_parser(sub) -> None:
+    e = sub.add_parser("export-head", help="write a feature head as an EAGLE-3 checkpoint vLLM / SGLang load "
+                                           "(speculative_config={'method': 'eagle3', 'model': OUT})")
+    e.add_argument("head", help="the head's folder or a shipped head's name (an --arch eagle3 head)")
+    e.add_argument("--target", required=True, help="the target it drafts for (zoo or real name, or a local HF folder)")
+    e.add_argument("--format", default="eagle3", choices=("eagle3", "eagle"),
+                   help="eagle3 (vLLM's llama_eagle3 layout); eagle (EAGLE-1) is refused with the reason")
+    e.add_argument("--out", required=True, help="the checkpoint's folder (must not exist)")
+    e.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+
+
+def cmd_export_head(a) -> None:
+    import torch
+
+    from .. import zoo
+    from ..drafters.eagle_format import export_eagle3
+    from ..drafters.feature_head import FeatureHead
+    from ..training.head_trainer import load_target
+
+    target, _ = load_target(a.target)
+    head = FeatureHead.from_pretrained(zoo.path(a.head) if a.head in zoo.heads() else Path(a.head), target)
+    if a.format == "eagle":
+        raise SystemExit("--format eagle: vLLM's and SGLang's EAGLE-1 model has no bias on fc, no norm on the "
+                         "layer's input and no output norm, which specdec's heads have; export an --arch eagle3 "
+                         "head with --format eagle3")
+    try:
+        out = export_eagle3(head.net.float(), target, Path(a.out), getattr(torch, a.dtype))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    print(f"EAGLE-3 checkpoint written to {out}; in vLLM: speculative_config={{'method': 'eagle3', "
+          f"'model': '{out}', 'num_speculative_tokens': 3}}")
 
 
 def add_train_draft_parser(sub) -> None:

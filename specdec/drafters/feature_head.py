@@ -53,9 +53,16 @@ class FeatureHead:
     # -- loading ---------------------------------------------------------------------------------
     @staticmethod
     def from_pretrained(path, target, check_fingerprint: bool = True) -> "FeatureHead":
+        """A head saved by `specdec train-head`, or an EAGLE-3 checkpoint as vLLM / SGLang / speculators
+        publish them (drafters/eagle_format.py; those record no fingerprint of their target's weights)."""
+        from .eagle_format import is_eagle3_folder, load_eagle3
+
         path = Path(path)
+        if not (path / CONFIG_NAME).exists() and is_eagle3_folder(path):
+            return FeatureHead(load_eagle3(path, target, check_fingerprint), target)
         if not (path / CONFIG_NAME).exists() or not (path / WEIGHTS_NAME).exists():
-            raise ValueError(f"{path} is not a feature head folder: it needs {CONFIG_NAME} and {WEIGHTS_NAME}")
+            raise ValueError(f"{path} is not a feature head folder: it needs {CONFIG_NAME} and {WEIGHTS_NAME} "
+                             "(a specdec head) or config.json and *.safetensors (an EAGLE-3 checkpoint)")
         config = HeadConfig.from_dict(json.loads((path / CONFIG_NAME).read_text()))
         check_head_matches(config, target, check_fingerprint, path)
         net = HeadNet(config)

@@ -12,6 +12,17 @@ the target's sizes and an RMS norm, and outputs ĝ(t+1), the predicted top featu
 (in the space of the final norm's output): through the target's LM head it predicts token t + 2, and
 for k > 1 it is the feature input of the next step.
 
+Two architectures (HeadConfig.arch):
+- "eagle" (EAGLE-1/2 style): the above; `fc` has a bias, the layer normalises its input, `norm` maps the
+  layer's output to the predicted top feature, which is both the next step's input and, through the
+  target's LM-head rows, the draft logits.
+- "eagle3" (EAGLE-3, as vLLM's llama_eagle3.py computes it): `fuse` (EAGLE-3's `fc`, 3H -> H, no bias)
+  fuses three lower layers' residual streams; the layer's attention reads [norm(embedding), norm(hidden)]
+  (2H) with the hidden itself as the residual; the layer's output (before `norm`) is the next step's
+  input, and the draft logits are the head's own `lm_head` (N rows) over norm(output). feature_layers
+  holds the three fused layers and then L: the target's top feature, read only for training labels.
+  drafters/eagle_format.py writes and reads it in the layout vLLM, SGLang and speculators load.
+
 Reduced vocabulary (FR-Spec / EAGLE-3): `vocab_ids` [N] are the only tokens the head can draft; its
 logits are ĝ @ W[vocab_ids].T with W the target's own LM head (bound, not stored). The target's
 embedding and LM head are referenced through `bind(target)`, never copied into the head's weights.
@@ -52,12 +63,26 @@ class HeadConfig:
     # the same over the target's weights rounded to bfloat16: a bfloat16 copy of the target matches it
     target_fingerprint_bf16: str = ""
     trained: dict = field(default_factory=dict)  # what the trainer did (tokens, steps, seed, ...)
+    arch: str = "eagle"             # "eagle" (EAGLE-1/2 style) or "eagle3" (module docstring)
+
+    @property
+    def fused_layers(self) -> tuple:
+        """The layers `fuse` reads: all of feature_layers, except eagle3's trailing label layer L."""
+        return tuple(self.feature_layers[:3]) if self.arch == "eagle3" else tuple(self.feature_layers)
 
     @staticmethod
-    def for_target(target, fusion: bool = False, draft_vocab: int = 0, num_layers: int = 1) -> "HeadConfig":
+    def for_target(target, fusion: bool = False, draft_vocab: int = 0, num_layers: int = 1,
+                   arch: str = "eagle") -> "HeadConfig":
         cfg = target.config.get_text_config()
         n = cfg.num_hidden_layers
-        layers = (max(1, n // 10), n // 2, n) if fusion and n >= 3 else (n,)
+        if arch not in ARCHS:
+            raise ValueError(f"a feature head's arch is one of {ARCHS}, got {arch!r}")
+        if arch == "eagle3":
+            if num_layers != 1:
+                raise ValueError("an eagle3 head has one decoder layer (EAGLE-3's midlayer)")
+            layers = eagle3_layers(n) + (n,)
+        else:
+            layers = (max(1, n // 10), n // 2, n) if fusion and n >= 3 else (n,)
         rope = getattr(cfg, "rope_parameters", None) or {}
         theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
         if num_layers not in (1, 2):
@@ -70,7 +95,7 @@ class HeadConfig:
             feature_layers=layers, draft_vocab=draft_vocab, num_layers=num_layers,
             rms_eps=float(getattr(cfg, "rms_norm_eps", 1e-5)), rope_theta=float(theta),
             target_architecture=type(target).__name__, target_fingerprint=fingerprint(target),
-            target_fingerprint_bf16=fingerprint(target, torch.bfloat16))
+            target_fingerprint_bf16=fingerprint(target, torch.bfloat16), arch=arch)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,6 +107,19 @@ class HeadConfig:
         d = dict(d)
         d["feature_layers"] = tuple(d.get("feature_layers", ()))
         return HeadConfig(**d)
+
+
+ARCHS = ("eagle", "eagle3")
+
+
+def eagle3_layers(n: int) -> tuple[int, int, int]:
+    """The three layers an EAGLE-3 head fuses for an n-layer target: vLLM's default (2, n // 2, n - 3),
+    each the residual stream entering that 0-based layer (= leaving our layer of that number), or for a
+    target too shallow for three distinct ones, (1, n // 2, n - 1)."""
+    if n < 4:
+        raise ValueError(f"an eagle3 head fuses three distinct lower layers: the target has only {n}")
+    first = (2, n // 2, n - 3)
+    return first if len(set(first)) == 3 and first[0] < first[1] < first[2] else (1, n // 2, n - 1)
 
 
 @torch.no_grad()
@@ -155,6 +193,31 @@ class HeadLayer(nn.Module):
                                self.down_proj.weight)
 
 
+class Eagle3Layer(HeadLayer):
+    """EAGLE-3's midlayer: x = [embedding | hidden] [B, n, 2H]; attention reads both normalised (q, k, v
+    over 2H), the hidden itself is the residual; then the MLP block as in any Llama layer -> [B, n, H]."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__(c)
+        H, D = c.hidden_size, c.head_dim
+        self.hidden_norm = _RMSNorm(H, c.rms_eps)
+        self.q_proj = nn.Linear(2 * H, self.hq * D, bias=False)
+        self.k_proj = nn.Linear(2 * H, self.hkv * D, bias=False)
+        self.v_proj = nn.Linear(2 * H, self.hkv * D, bias=False)
+
+    def qkv(self, x, cos, sin):
+        B, n, _ = x.shape
+        e, hidden = x.chunk(2, dim=-1)
+        h = torch.cat([self.input_layernorm(e), self.hidden_norm(hidden)], dim=-1)
+        q = linear_rows(h, self.q_proj.weight).view(B, n, self.hq, self.d).transpose(1, 2)
+        k = linear_rows(h, self.k_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)
+        v = linear_rows(h, self.v_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def finish(self, x, att):
+        return super().finish(x.chunk(2, dim=-1)[1], att)
+
+
 class HeadNet(nn.Module):
     """The head's trainable weights plus references to the bound target's embedding and LM head."""
 
@@ -162,12 +225,14 @@ class HeadNet(nn.Module):
         super().__init__()
         self.config = c
         H = c.hidden_size
-        nf = len(c.feature_layers)
+        nf = len(c.fused_layers)
+        self.eagle3 = c.arch == "eagle3"
         self.fuse = nn.Linear(nf * H, H, bias=False) if nf > 1 else None
-        self.fc = nn.Linear(2 * H, H, bias=True)
-        self.layers = nn.ModuleList(HeadLayer(c) for _ in range(c.num_layers))
-        self.norm = _RMSNorm(H, c.rms_eps)  # the layer's residual -> a predicted top feature
+        self.fc = None if self.eagle3 else nn.Linear(2 * H, H, bias=True)
+        self.layers = nn.ModuleList((Eagle3Layer if self.eagle3 else HeadLayer)(c) for _ in range(c.num_layers))
+        self.norm = _RMSNorm(H, c.rms_eps)  # the layer's residual -> a predicted top feature (eagle3: -> lm_head)
         n_vocab = c.draft_vocab or c.vocab_size
+        self.lm_head = nn.Linear(H, n_vocab, bias=False) if self.eagle3 else None  # eagle3's own draft LM head
         self.register_buffer("vocab_ids", torch.arange(n_vocab, dtype=torch.long))
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
@@ -204,6 +269,9 @@ class HeadNet(nn.Module):
             w = getattr(decoder.norm, "weight", None)
             if w is not None and w.shape == self.norm.weight.shape:
                 self.norm.weight.copy_(w.float() if llama_norms else 1 + w.float())
+            if self.lm_head is not None:  # eagle3: its own LM head starts as the target's rows for vocab_ids
+                head_w = target.get_output_embeddings().weight
+                self.lm_head.weight.copy_(head_w.index_select(0, self.vocab_ids.to(head_w.device)).float())
 
     @property
     def bound(self) -> bool:
@@ -213,9 +281,16 @@ class HeadNet(nn.Module):
         return self._target[0](tokens)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """out [.., H] -> draft logits [.., N] over vocab_ids."""
+        """out [.., H] (what `emit` gave) -> draft logits [.., N] over vocab_ids."""
+        if self.eagle3:
+            return linear_rows(self.norm(out), self.lm_head.weight).float()
         w = self._target[1]
         return linear_rows(out.to(w.dtype), w).float()
+
+    def emit(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' output [.., H] -> what a step hands on (next step's feature input and `logits`'
+        input): eagle, the predicted top feature norm(x); eagle3, x itself (EAGLE-3's pre-norm hidden)."""
+        return x if self.eagle3 else self.norm(x)
 
     def target_logits(self, top_feature: torch.Tensor) -> torch.Tensor:
         """The target's own logits over vocab_ids from its top feature [.., H] (its LM head reads it)."""
@@ -229,12 +304,18 @@ class HeadNet(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """Target features [.., F] -> [.., H] (fusion projects; top-only passes through)."""
-        return features if self.fuse is None else linear_rows(features, self.fuse.weight)
+        """Target features [.., F] -> [.., H] (fusion projects; top-only passes through; eagle3 fuses its
+        three layers and leaves the label layer)."""
+        if self.fuse is None:
+            return features
+        return linear_rows(features[..., :self.fuse.in_features], self.fuse.weight)
 
     def inputs(self, feature_h: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-        """[.., H] feature (projected or predicted) and the following tokens [..] -> layer input [.., H]."""
+        """[.., H] feature (projected or predicted) and the following tokens [..] -> layer input [.., H]
+        (eagle3: [.., 2H], the embedding and the feature side by side for its midlayer)."""
         e = self.embed(next_tokens).to(feature_h.dtype)
+        if self.eagle3:
+            return torch.cat([e, feature_h], dim=-1)
         return linear_rows(torch.cat([e, feature_h], dim=-1), self.fc.weight, self.fc.bias)
 
     # -- training: teacher-forced step 1, then training-time test ---------------------------------
@@ -270,7 +351,7 @@ class HeadNet(nn.Module):
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask,
                                                      enable_gqa=layer.hq != layer.hkv)
                 x = layer.finish(x, att.transpose(1, 2).reshape(B, T, -1))
-            outs.append(self.norm(x))
+            outs.append(self.emit(x))
         return outs
 
 
@@ -293,7 +374,8 @@ def draft_cost(config: HeadConfig, target) -> float:
     tgt = sum(p.numel() for p in target.parameters())
     if getattr(target.config.get_text_config(), "tie_word_embeddings", False):
         tgt += target.get_output_embeddings().weight.numel()  # read twice: embedding row and LM head
-    attn = 2 * H * config.head_dim * (config.num_heads + config.num_kv_heads)
+    width = 2 * H if config.arch == "eagle3" else H  # eagle3's q, k, v read [embedding | hidden]
+    attn = (width + H) * config.head_dim * config.num_heads + 2 * width * config.head_dim * config.num_kv_heads
     layer = attn + 3 * H * config.intermediate_size
     mine = config.num_layers * layer + 2 * H * H + (config.draft_vocab or config.vocab_size) * H
     return mine / max(1, tgt)
@@ -302,7 +384,7 @@ def draft_cost(config: HeadConfig, target) -> float:
 def run_head(net: HeadNet, kv, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
     """The head's layers over entries: feats [n, H] (projected target features or predicted ones), tokens
     [n], positions [n]; their KV goes to write_slots [n] of `kv` (a PagedKV), attention reads read_slots [R] under mask
-    [n, R] bool (None: every read slot visible). Returns the predicted features [n, H] (after the head's norm).
+    [n, R] bool (None: every read slot visible). Returns what the layers emit [n, H] (HeadNet.emit).
     One sequence's entries, or a batch's packed with a block-diagonal mask (drafters/feature_head.py, drafters/head_rows.py)."""
     x = net.inputs(feats, tokens)[None]  # [1, n, H]
     cos, sin = net.rope(positions, x.dtype)
@@ -314,4 +396,4 @@ def run_head(net: HeadNet, kv, feats, tokens, positions, write_slots, read_slots
         keys, vals = kv.gather(i, read_slots)
         att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
         x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
-    return net.norm(x[0])
+    return net.emit(x[0])

@@ -43,6 +43,7 @@ class HeadTrainArgs:
     draft_vocab: int = 8192      # 0 = the whole vocabulary
     fusion: bool = False
     num_layers: int = 1
+    arch: str = "eagle"          # eagle (EAGLE-1/2 style) | eagle3 (EAGLE-3: exports for vLLM / SGLang)
     num_prompts: int = 1200
     max_new_tokens: int = 160
     num_text_chunks: int = 200
@@ -97,7 +98,10 @@ def loss_terms(net: HeadNet, feats, next_tokens, mask, ttt: int, ce_weight: floa
         m = mask.clone()
         m[:, :j] = False
         denom = m.sum().clamp_min(1)
-        reg = (F.smooth_l1_loss(out.float(), top_next, reduction="none").mean(-1) * m).sum() / denom
+        if net.eagle3:  # EAGLE-3 hands on its pre-norm hidden, not a predicted top feature: no regression
+            reg = out.new_zeros(())
+        else:
+            reg = (F.smooth_l1_loss(out.float(), top_next, reduction="none").mean(-1) * m).sum() / denom
         logits = net.logits(out).float()
         logq = torch.log_softmax(logits, -1)
         ce = (-(p * logq).sum(-1) * m).sum() / denom
@@ -165,7 +169,8 @@ def _load_saved_head(path: Path, net: HeadNet) -> tuple[int, float]:
     depth = cfg.get("num_layers", 1)
     deepen = depth < net.config.num_layers
     if cfg["target_fingerprint"] != net.config.target_fingerprint or (saved != want and not widen) or cfg.get(
-            "draft_vocab", 0) != net.config.draft_vocab or depth > net.config.num_layers:
+            "draft_vocab", 0) != net.config.draft_vocab or depth > net.config.num_layers or cfg.get(
+            "arch", "eagle") != net.config.arch:
         raise ValueError(f"--resume-from {path}: that head was trained for another target or with other settings")
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path / "head.safetensors")).items()}
     if widen:
@@ -191,9 +196,11 @@ def export_checkpoint(work: Path, out: Path, target) -> Path:
     manifest = json.loads((work / "manifest.json").read_text())
     state = {k[4:]: v for k, v in tensors.items() if k.startswith("net.")}
     n_vocab = state["vocab_ids"].numel()
-    config = HeadConfig.for_target(target, fusion=len(manifest["feature_layers"]) > 1,
+    eagle3 = "lm_head.weight" in state
+    config = HeadConfig.for_target(target, fusion=len(manifest["feature_layers"]) > 1 and not eagle3,
                                    draft_vocab=n_vocab if n_vocab < target.config.get_text_config().vocab_size else 0,
-                                   num_layers=len({k.split(".")[1] for k in state if k.startswith("layers.")}))
+                                   num_layers=len({k.split(".")[1] for k in state if k.startswith("layers.")}),
+                                   arch="eagle3" if eagle3 else "eagle")
     if config.target_fingerprint != manifest["target_fingerprint"]:
         raise ValueError(f"the run in {work} was trained for another target")
     net = HeadNet(config)
@@ -232,7 +239,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     check_target(target)
     for p in target.parameters():
         p.requires_grad_(False)
-    config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers)
+    config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers, arch=args.arch)
     dtype = loop.compute_dtype(args.precision, device)
     data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
     manifest = {"target_fingerprint": config.target_fingerprint, "feature_layers": list(config.feature_layers),
