@@ -45,13 +45,16 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number in [{lo}, {hi}], got {value!r}", status=422, param=name)
+    if not lo <= value <= hi:
         raise RequestError(f"{name} must be a number in [{lo}, {hi}], got {value!r}", param=name)
     return float(value)
 
 
 def parse(body, kind: str, served: str) -> Request:
-    """body: the decoded JSON. Raises RequestError (400; 404 for an unknown model)."""
+    """body: the decoded JSON. Raises RequestError: 422 for a field of the wrong JSON type, 400 for a value
+    out of its range or a request that cannot be served, 404 for an unknown model."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     model = body.get("model")
@@ -63,7 +66,9 @@ def parse(body, kind: str, served: str) -> Request:
     messages = prompt = None
     if kind == "chat":
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
+        if not isinstance(messages, list):
+            raise RequestError("messages must be a non-empty list", status=422, param="messages")
+        if not messages:
             raise RequestError("messages must be a non-empty list", param="messages")
         messages = [_message(m, i) for i, m in enumerate(messages)]
     else:
@@ -75,31 +80,34 @@ def parse(body, kind: str, served: str) -> Request:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                    or not 1 <= max_tokens <= MAX_TOKENS_CAP):
+        wrong_type = isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
         raise RequestError(f"max_tokens must be an integer in [1, {MAX_TOKENS_CAP}], got {max_tokens!r}",
-                           param="max_tokens")
+                           status=422 if wrong_type else 400, param="max_tokens")
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("stop must be a string or a list of at most 4 non-empty strings", param="stop")
+        raise RequestError("stop must be a string or a list of at most 4 non-empty strings", param="stop",
+                           status=422 if not isinstance(stop, list) else 400)
     n = body.get("n", 1)
     if n not in (1, None):
         raise RequestError("n must be 1: this server generates one choice per request", param="n")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(f"seed must be an integer, got {seed!r}", param="seed")
+        raise RequestError(f"seed must be an integer, got {seed!r}", status=422, param="seed")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise RequestError(f"stream must be a boolean, got {stream!r}", param="stream")
+        raise RequestError(f"stream must be a boolean, got {stream!r}", status=422, param="stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
-        raise RequestError("stream_options must be an object", param="stream_options")
+        raise RequestError("stream_options must be an object", status=422, param="stream_options")
     return Request(kind, model, messages, prompt, max_tokens, _number(body, "temperature", 1.0, 0.0, 2.0),
                    _number(body, "top_p", 1.0, 0.0, 1.0), stop, seed, stream, bool(options.get("include_usage")))
 
 
 def _message(m, i: int) -> dict:
     if not isinstance(m, dict):
-        raise RequestError(f"messages[{i}] must be an object with role and content", param=f"messages[{i}]")
+        raise RequestError(f"messages[{i}] must be an object with role and content", status=422,
+                           param=f"messages[{i}]")
     role, content = m.get("role"), m.get("content")
     if role not in ROLES:
         raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
@@ -109,7 +117,7 @@ def _message(m, i: int) -> dict:
             raise RequestError(f"messages[{i}].content parts must be text parts", param=f"messages[{i}].content")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
-        raise RequestError(f"messages[{i}].content must be a string, got {type(content).__name__}",
+        raise RequestError(f"messages[{i}].content must be a string, got {type(content).__name__}", status=422,
                            param=f"messages[{i}].content")
     return {"role": "system" if role == "developer" else role, "content": content}
 
