@@ -248,3 +248,49 @@ def test_chat_page_in_a_real_browser(server, tmp_path):
 
     pixels = Image.open(shot).convert("L").getextrema()
     assert pixels[1] - pixels[0] > 50  # not blank
+
+
+def test_conversations_keep_their_kv_side_by_side_within_slots_and_a_page_budget():
+    """Prefix reuse across conversations (serve/worker.py ConversationCache): A, then B, then A's next turn
+    prefills only A's new tokens; a third conversation takes the least recently used slot (B's KV goes);
+    each slot drafts with its own copy of the head; a page budget drops older conversations' KV."""
+    import asyncio
+
+    from specdec.drafters import FeatureHead
+    from specdec.serve.worker import GenerationWorker
+
+    target, tok = zoo.load("target")
+    head = FeatureHead.from_pretrained(zoo.path("target-head"), target)
+    worker = GenerationWorker(target, tok, head, max_conversations=2)
+
+    def run(w, prompt, n=10):
+        async def go():
+            toks, stats = [], None
+            async for ev in w.generate(prompt, threading.Event(), max_new_tokens=n, do_sample=False):
+                toks += ev.tokens
+                stats = ev.stats or stats
+            return toks, stats
+        return asyncio.run(go())
+
+    def greedy(prompt, n=10):
+        ids = torch.tensor([prompt])
+        return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+
+    a, b, c = (tok(p).input_ids[-30:] for p in zoo.prompts(3))
+    assert a[0] != b[0] != c[0]
+    ta, _ = run(worker, a)
+    tb, _ = run(worker, b)
+    a2 = a + ta + tok("\n    return").input_ids
+    t, stats = run(worker, a2)
+    assert t == greedy(a2) and stats.reused_prompt_tokens >= len(a) + len(ta) - 1
+    assert worker.conversations.slots[0].engine.drafter is not worker.conversations.slots[1].engine.drafter
+    run(worker, c)  # a third conversation: B's slot (least recently used) is dropped and reused
+    b2 = b + tb + tok("\n    return").input_ids
+    t, stats = run(worker, b2)
+    assert t == greedy(b2) and stats.reused_prompt_tokens < len(b)
+    # a page budget of one conversation's worth: the older one's KV goes after each generation
+    small = GenerationWorker(target, tok, head, max_conversations=3, max_kv_pages=1)
+    run(small, a)
+    run(small, b)
+    kept = [len(m.engine.cached_tokens) for m in small.conversations.slots]
+    assert kept[0] == 0 and kept[-1] > 0 and small.pages_in_use == small.conversations.pages(small.model)

@@ -23,12 +23,14 @@ def check_port(host: str, port: int) -> None:
 
 
 def build_app(target, tokenizer, drafter=None, model_name: str = "specdec", max_queue: int = 8,
-              warm_up: bool = True, **options):
-    """The ASGI app over a GenerationWorker for (target, drafter); options go to specdec.wrap."""
+              max_conversations: int = 4, max_kv_pages: int | None = None, warm_up: bool = True, **options):
+    """The ASGI app over a GenerationWorker for (target, drafter); options go to specdec.wrap.
+    max_conversations / max_kv_pages: the kept conversations whose KV later requests reuse (serve/worker.py)."""
     from .app import create_app
     from .worker import GenerationWorker
 
-    worker = GenerationWorker(target, tokenizer, drafter, max_queue=max_queue, **options)
+    worker = GenerationWorker(target, tokenizer, drafter, max_queue=max_queue, max_conversations=max_conversations,
+                              max_kv_pages=max_kv_pages, **options)
     if warm_up:
         worker.warm_up()
     return create_app(worker, model_name), worker

@@ -2,9 +2,12 @@
 provenance. No HTTP here (serve/app.py is the HTTP face); this is what a route awaits.
 
 Single stream is the point of specdec's serving: requests that arrive while a generation runs wait in a
-queue of at most `max_queue` (QueueFull beyond it: the route answers 429). The engine keeps the last
-sequence's KV (keep_cache=True), so a request whose prompt extends the previous one (the next turn of a
-conversation, sent whole as OpenAI clients do) prefills only the new tokens.
+queue of at most `max_queue` (QueueFull beyond it: the route answers 429). Prefix reuse across
+conversations (ConversationCache): up to `max_conversations` kept sequences, each an engine with
+keep_cache=True and its own drafter state (RowDrafter.for_row), bounded together by `max_kv_pages`; a
+request goes to the one whose kept tokens share the longest prefix with its prompt (the next turn of a
+conversation, sent whole as OpenAI clients do, prefills only its new tokens), else to a free slot or the
+least recently used one, whose KV is dropped.
 
 Provenance: the engine's streamer receives each verification step's tokens together: every token but
 the last was drafted and accepted, the last is the target's own (a correction or the bonus); the first
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..api import wrap
+from ..drafters.base import Drafter, RowDrafter
 
 
 class QueueFull(Exception):
@@ -36,9 +40,73 @@ class Event:
     done: bool = False
 
 
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ConversationCache:
+    """Kept conversations, least recently used first: each slot a SpecModel (keep_cache=True) whose engine
+    holds one sequence's KV. Not thread-safe: the worker calls it under its generation lock."""
+
+    def __init__(self, target, drafter, options: dict, max_conversations: int = 4, max_kv_pages: int | None = None):
+        if max_conversations < 1:
+            raise ValueError(f"max_conversations must be >= 1, got {max_conversations}")
+        self.target, self.drafter, self.options = target, drafter, options
+        self.max_conversations, self.max_kv_pages = max_conversations, max_kv_pages
+        self.slots = [self._new_slot(first=True)]
+
+    def _new_slot(self, first: bool = False):
+        drafter = self.drafter  # None, 'ngram' and a draft model: each engine makes its own drafter state
+        if not first and isinstance(drafter, Drafter):  # an instance holds one sequence's state: a copy per slot
+            drafter = drafter.for_row() if isinstance(drafter, RowDrafter) else None
+            if drafter is None:  # a drafter that cannot be copied per sequence: one conversation at a time
+                return None
+        return wrap(self.target, drafter=drafter, keep_cache=True, **self.options)
+
+    @staticmethod
+    def pages(model) -> int:
+        pool = model.engine.pool
+        return pool.num_used if pool is not None else 0
+
+    def checkout(self, prompt: list[int]):
+        """The slot for this prompt, moved to most recently used (its kept KV beyond the shared prefix is
+        the engine's to drop)."""
+        shared = [_common(m.engine.cached_tokens, prompt) for m in self.slots]
+        best = max(range(len(self.slots)), key=lambda i: shared[i])
+        if shared[best] == 0 and len(self.slots) < self.max_conversations:
+            model = self._new_slot()
+            if model is not None:
+                self.slots.append(model)
+                return model
+        if shared[best] == 0:
+            best = 0  # the least recently used
+            self.slots[best].engine.release_cache()
+        model = self.slots.pop(best)
+        self.slots.append(model)
+        return model
+
+    def trim(self) -> None:
+        """Drop least recently used conversations' KV until the slots hold at most max_kv_pages (the one just
+        used stays)."""
+        if self.max_kv_pages is None:
+            return
+        for model in self.slots[:-1]:
+            if self.total_pages() <= self.max_kv_pages:
+                break
+            model.engine.release_cache()
+
+    def total_pages(self) -> int:
+        return sum(self.pages(m) for m in self.slots)
+
+
 class GenerationWorker:
-    def __init__(self, target, tokenizer, drafter=None, max_queue: int = 8, **options):
-        self.model = wrap(target, drafter=drafter, keep_cache=True, **options)
+    def __init__(self, target, tokenizer, drafter=None, max_queue: int = 8, max_conversations: int = 4,
+                 max_kv_pages: int | None = None, **options):
+        self.conversations = ConversationCache(target, drafter, options, max_conversations, max_kv_pages)
         self.tok = tokenizer
         self.max_queue = max_queue
         self._lock = threading.Lock()  # one generation at a time
@@ -46,14 +114,18 @@ class GenerationWorker:
         self._count = threading.Lock()
         self.context_length = getattr(target.config.get_text_config(), "max_position_embeddings", None)
 
+    @property
+    def model(self):
+        """The most recently used conversation's SpecModel."""
+        return self.conversations.slots[-1]
+
     def warm_up(self) -> None:
         self.model.warm_up()
 
     @property
     def pages_in_use(self) -> int:
-        """KV pages held now: the kept conversation's and any running generation's."""
-        pool = self.model.engine.pool
-        return pool.num_used if pool is not None else 0
+        """KV pages held now: the kept conversations' and any running generation's."""
+        return self.conversations.total_pages()
 
     @property
     def queued(self) -> int:
@@ -90,7 +162,13 @@ class GenerationWorker:
             cancelled.set()  # a consumer that stopped early (disconnect) stops the worker too
 
     def _run(self, prompt, kwargs, cancelled, loop, events) -> None:
-        put = lambda item: loop.call_soon_threadsafe(events.put_nowait, item)  # noqa: E731
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the consumer's loop has closed (it left): nobody to tell
+                pass
+
+        finished = False
         try:
             with self._lock:
                 if cancelled.is_set():
@@ -100,7 +178,8 @@ class GenerationWorker:
                 if seed is not None:
                     torch.manual_seed(seed)
                 first = True
-                stream = self.model.stream(torch.tensor([prompt]), **kwargs)
+                model = self.conversations.checkout(prompt)
+                stream = model.stream(torch.tensor([prompt]), **kwargs)
                 try:
                     for item in stream:
                         if isinstance(item, list):
@@ -111,9 +190,11 @@ class GenerationWorker:
                                 break
                         else:
                             put(Event(stats=item, done=True))
+                            finished = True
                 finally:
                     stream.close()
-                if cancelled.is_set():
+                    self.conversations.trim()
+                if cancelled.is_set() and not finished:
                     put(Event(done=True))
         except BaseException as e:  # noqa: BLE001 (handed to the route, which answers with it)
             put(e)
