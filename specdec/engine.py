@@ -29,6 +29,7 @@ from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.compiled import STEPS, CompiledRunner, auto_compiles
 from .hf.lean import LeanRunner
+from .hf.offload import check_device_map
 from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy, SourcePolicy
 from .processing import LogitsPipeline
@@ -77,6 +78,7 @@ class Engine:
         self.drafter = drafter
         self.policy = policy
         self.page_size = page_size
+        check_device_map(target)  # a device map the engine cannot run: refused before any forward
         self.device = next(target.parameters()).device
         if kernel is None:  # Triton where it can run on this device (SPECDEC_KERNELS=torch|triton overrides)
             from .kernels import on_triton

@@ -132,9 +132,11 @@ def fingerprint(model, rounded_to: torch.dtype | None = None) -> str:
     that the user's choice of the target's dtype does not refuse it)."""
     import hashlib
 
+    from ..hf.offload import tensor_data
+
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
-        flat = p.detach().reshape(-1)
+        flat = tensor_data(model, name, p).detach().reshape(-1)  # offloaded (accelerate): its hook's copy
         if flat.numel() == 0 or not flat.is_floating_point():
             continue
         k = min(64, flat.numel())
@@ -241,10 +243,12 @@ class HeadNet(nn.Module):
     # -- binding to the target -------------------------------------------------------------------
     def bind(self, target) -> None:
         """Reference the target's embedding and its LM head rows for vocab_ids (not parameters of ours)."""
-        head_w = target.get_output_embeddings().weight.detach()
+        from ..hf.offload import module_weight
+
+        head_w = module_weight(target, target.get_output_embeddings()).detach()  # an offloaded one: read once
         ids = self.vocab_ids.to(head_w.device)
         sub = head_w if ids.numel() == head_w.shape[0] else head_w.index_select(0, ids)
-        self._target = (target.get_input_embeddings(), sub)
+        self._target = (target.get_input_embeddings(), sub.to(self.vocab_ids.device))
 
     def init_from_target(self, target) -> None:
         """Start the decoder layer(s) from the target's top layer and the output norm from its final norm,
