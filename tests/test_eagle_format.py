@@ -79,6 +79,21 @@ def test_published_layouts_load_and_bad_checkpoints_are_refused_by_name(tmp_path
     save_file({k: part[k] for k in keys[5:]}, str(renamed / "model-00002-of-00002.safetensors"))
     got = draft_logits(FeatureHead.from_pretrained(renamed, target), target, seq)
     assert all(torch.equal(a, b) for a, b in zip(want, got))
+    # speculators' layout: the layer's sizes nested in transformer_layer_config, the layer ids at the top,
+    # "layers.0." names and a copy of the target's embedding
+    def nested(c):
+        layer_keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                      "rms_norm_eps", "rope_theta", "rope_parameters", "vocab_size", "max_position_embeddings")
+        return {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                "draft_vocab_size": c["draft_vocab_size"], "target_hidden_size": c["target_hidden_size"],
+                "eagle_aux_hidden_state_layer_ids": c["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+                "norm_before_residual": False, "transformer_layer_config": {k: c[k] for k in layer_keys}}
+    embed = target.get_input_embeddings().weight.detach().clone()
+    spec = _rewrite(out, tmp_path / "speculators",
+                    lambda t: {**{k.replace("midlayer.", "layers.0."): v for k, v in t.items()}, "embed_tokens.weight": embed},
+                    nested)
+    got = draft_logits(FeatureHead.from_pretrained(spec, target), target, seq)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
 
     def refused(name, match, tensors=None, config=None, on=target):
         with pytest.raises(ValueError, match=match):
@@ -95,6 +110,8 @@ def test_published_layouts_load_and_bad_checkpoints_are_refused_by_name(tmp_path
         d2t[1] = d2t[0] - 1
         return {**t, "d2t": d2t}
     refused("d2t", r"two to one token", tensors=twice)
+    refused("embedding", r"embedding of its own", tensors=lambda t: {
+        **t, "embed_tokens.weight": torch.zeros_like(target.get_input_embeddings().weight.detach())})
     refused("hidden", r"hidden_size 64 \(target: 32\)", config=lambda c: {**c, "hidden_size": 64})
     with pytest.raises(ValueError, match="vocab_size"):
         load_eagle3(_rewrite(out, tmp_path / "vocab", config=lambda c: {**c, "vocab_size": VOCAB + 1}), target)

@@ -15,7 +15,8 @@ A user who outgrows one process serves with vLLM or SGLang; both load EAGLE-3 he
 specdec's eagle3 head (drafters/head_model.py) computes exactly that network, so the export is a
 renaming (and the import its inverse); an "eagle" head (EAGLE-1/2 style: a biased fc, a normalised layer
 input, the predicted top feature through the target's LM head) has no such layout in those engines.
-Imports accept the layouts published heads use ("model." prefixes, "layers.0." for "midlayer.") and
+Imports accept the layouts published heads use ("model." prefixes, "layers.0." for "midlayer.", shards;
+speculators' config with the layer's sizes nested in transformer_layer_config) and
 refuse, naming it, a checkpoint for another hidden size or vocabulary, a missing or surplus tensor, a
 wrong shape, or an option of vLLM's that the head does not compute (norm_before_fc, fc_norm, ...).
 """
@@ -105,6 +106,8 @@ def load_eagle3(path, target, check_fingerprint: bool = True) -> HeadNet:
     that specdec exported records its target's fingerprint, checked as for any specdec head."""
     path = Path(path)
     d = json.loads((path / "config.json").read_text())
+    if isinstance(d.get("transformer_layer_config"), dict):  # speculators: the layer's sizes nested
+        d = {**d["transformer_layer_config"], **{k: v for k, v in d.items() if k != "transformer_layer_config"}}
     text = target.config.get_text_config()
     n = text.num_hidden_layers
     problems = []
@@ -119,7 +122,8 @@ def load_eagle3(path, target, check_fingerprint: bool = True) -> HeadNet:
     problems += [f"{k}=true (not computed by specdec's eagle3 head)" for k, v in flags.items() if v]
     if eagle.get("use_aux_hidden_state") is False:
         problems.append("use_aux_hidden_state=false (specdec's eagle3 head fuses three target layers)")
-    layers = tuple(eagle.get("eagle_aux_hidden_state_layer_ids") or eagle3_layers(n))
+    layers = tuple(eagle.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
+                   or eagle3_layers(n))
     if len(layers) != 3 or not all(0 < i < n for i in layers):
         problems.append(f"eagle_aux_hidden_state_layer_ids {list(layers)} (three layers in 1..{n - 1})")
     ours = d.get("specdec") or {}
