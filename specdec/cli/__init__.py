@@ -1,5 +1,5 @@
-"""The `specdec` command: demo, chat, bench, select-draft, zoo (train / card / list), train-head, export-head, head-card,
-train-draft.
+"""The `specdec` command: demo, chat, bench, select-draft, serve, zoo (train / card / list), train-head,
+export-head, head-card, train-draft.
 
 Errors a newcomer meets (a missing model path, a draft whose vocabulary differs) print one line with
 the fix, not a traceback.
