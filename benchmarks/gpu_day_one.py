@@ -198,7 +198,7 @@ def check_greedy(rep: Report, device, dry: bool) -> None:
     new = 2 if dry else 32
     for dtype in (torch.float32,) if dry else (torch.float32, torch.bfloat16):
         target, tok = zoo_target(dtype, device)
-        greedy_rows(rep, "zoo target", target, tok, device, new, 1 if dry else 3)
+        greedy_rows(rep, "zoo target", target, tok, device, new, 1 if dry else 2)
     rep.add("")
     dtype = torch.float32 if dry else torch.bfloat16
     greedy_rows(rep, "SmolLM2-135M architecture, random weights", random_model(SMOLLM2, dtype, device),
@@ -389,7 +389,7 @@ def timing(rep: Report, device, dry: bool) -> None:
     import specdec
     from specdec.drafters import FeatureHead
 
-    new, n_prompts = (2, 1) if dry else (96, 3)
+    new, n_prompts = (2, 1) if dry else (64, 2)
     dtype = torch.float32 if dry else torch.bfloat16
     target, tok = zoo_target(dtype, device)
     draft, _ = specdec.zoo.load("draft-small", dtype=dtype, device=str(device))
