@@ -107,16 +107,13 @@ def cmd_export_head(a) -> None:
     from ..drafters.feature_head import FeatureHead
     from ..training.head_trainer import load_target
 
-    target, _ = load_target(a.target)
-    head = FeatureHead.from_pretrained(zoo.path(a.head) if a.head in zoo.heads() else Path(a.head), target)
-    if a.format == "eagle":
+    if a.format == "eagle":  # before loading anything
         raise SystemExit("--format eagle: vLLM's and SGLang's EAGLE-1 model has no bias on fc, no norm on the "
                          "layer's input and no output norm, which specdec's heads have; export an --arch eagle3 "
                          "head with --format eagle3")
-    try:
-        out = export_eagle3(head.net.float(), target, Path(a.out), getattr(torch, a.dtype))
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
+    target, _ = load_target(a.target)
+    head = FeatureHead.from_pretrained(zoo.path(a.head) if a.head in zoo.heads() else Path(a.head), target)
+    out = export_eagle3(head.net.float(), target, Path(a.out), getattr(torch, a.dtype))  # ValueError: main's one line
     print(f"EAGLE-3 checkpoint written to {out}; in vLLM: speculative_config={{'method': 'eagle3', "
           f"'model': '{out}', 'num_speculative_tokens': 3}}")
 

@@ -127,9 +127,10 @@ def load_eagle3(path, target, check_fingerprint: bool = True) -> HeadNet:
     if len(layers) != 3 or not all(0 < i < n for i in layers):
         problems.append(f"eagle_aux_hidden_state_layer_ids {list(layers)} (three layers in 1..{n - 1})")
     ours = d.get("specdec") or {}
-    if check_fingerprint and ours.get("target_fingerprint") and ours["target_fingerprint"] != fingerprint(target) \
-            and ours.get("target_fingerprint_bf16") != fingerprint(target, torch.bfloat16):
-        problems.append(f"weights fingerprint {ours['target_fingerprint']} (target: {fingerprint(target)}): it "
+    prints = fingerprint(target), fingerprint(target, torch.bfloat16)  # every weight read (an offloaded: from disk)
+    if check_fingerprint and ours.get("target_fingerprint") and ours["target_fingerprint"] != prints[0] \
+            and ours.get("target_fingerprint_bf16") != prints[1]:
+        problems.append(f"weights fingerprint {ours['target_fingerprint']} (target: {prints[0]}): it "
                         "was exported from a head trained for another target")
     if problems:
         raise ValueError(f"{path} is not an EAGLE-3 head specdec can run for this target: " + "; ".join(problems))
@@ -152,7 +153,7 @@ def load_eagle3(path, target, check_fingerprint: bool = True) -> HeadNet:
         num_target_layers=n, vocab_size=text.vocab_size, feature_layers=layers + (n,),
         draft_vocab=n_draft if n_draft < text.vocab_size else 0, num_layers=1,
         rms_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta, target_architecture=type(target).__name__,
-        target_fingerprint=fingerprint(target), target_fingerprint_bf16=fingerprint(target, torch.bfloat16),
+        target_fingerprint=prints[0], target_fingerprint_bf16=prints[1],
         trained={"imported_from": str(path)}, arch="eagle3")
     net = HeadNet(config)
     want = {theirs: ours for ours, theirs in _NAMES.items()}

@@ -50,7 +50,7 @@ from ..cache.pool import BlockTable, PagePool
 from . import linear
 from .attention import specdec_attention
 from .cache import StepMeta
-from .lean import LeanRunner, _select_rows, rope
+from .lean import LeanRunner, _select_rows, attend_rows, rope
 
 log = logging.getLogger("specdec")
 
@@ -379,14 +379,8 @@ class CompiledRunner(LeanRunner):
         A packed batch laid out padded (meta.rows) attends row by row in one call, as the lean loop does."""
         n, layer = q.shape[0], self.layers[i]
         self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
-        rows = meta.rows
-        if rows is not None:
-            B = rows.k_slots.shape[0]
-            keys, vals = self.kv.gather_rows(i, rows.k_slots)  # [B, Hkv, T_max, D]
-            qb = q[rows.q_index].view(B, -1, self.hq, self.head_dim).transpose(1, 2)  # [B, Hq, n_max, D]
-            att = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=rows.mask_for(layer.sliding_window),
-                                                 scale=layer.scaling, enable_gqa=self.hq != self.hkv)
-            return att.transpose(1, 2).reshape(-1, self.hq * self.head_dim)[rows.out_index]
+        if meta.rows is not None:
+            return attend_rows(self.kv, i, q, meta.rows, layer.sliding_window, layer.scaling)
         keys, vals = self.kv.gather(i, meta.read_slots)  # [1, Hkv, T, D]
         mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
         att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, vals, attn_mask=mask,

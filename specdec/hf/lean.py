@@ -211,7 +211,6 @@ class LeanRunner(ModelRunner):
         cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
         write, read, rows = meta.write_slots, meta.read_slots, meta.rows
-        B = rows.k_slots.shape[0] if rows is not None else 1
         want, top = set(self.capture), len(self.layers)
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
@@ -225,11 +224,7 @@ class LeanRunner(ModelRunner):
                 q, k = rope(q, cos, sin), rope(k, cos, sin)
             self.kv.write(i, write, k, v)
             if rows is not None:  # a packed batch: every row against its own keys, in one call
-                keys, vals = self.kv.gather_rows(i, rows.k_slots)  # [B, Hkv, T_max, D]
-                qb = q[0].transpose(0, 1)[rows.q_index].view(B, -1, Hq, D).transpose(1, 2)  # [B, Hq, n_max, D]
-                att = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=rows.mask_for(L.sliding_window),
-                                                     scale=L.scaling, enable_gqa=Hq != Hkv)
-                x = x + L.o(att.transpose(1, 2).reshape(-1, Hq * D)[rows.out_index])
+                x = x + L.o(attend_rows(self.kv, i, q[0].transpose(0, 1), rows, L.sliding_window, L.scaling))
             else:
                 keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
                 # the same mask the HF path passes (bit-identical attention needs it)
@@ -254,6 +249,18 @@ class LeanRunner(ModelRunner):
         if want:
             self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
         return self.head(normed).float()
+
+
+def attend_rows(kv, i: int, q: torch.Tensor, rows, sliding_window, scale) -> torch.Tensor:
+    """A packed batch laid out padded (hf/cache.py RowLayout): layer i's queries q [n, Hq, D] (n = every
+    row's tokens, packed), each row against its own keys in `kv` (a PagedKV), in one SDPA call ->
+    [n, Hq * D] in packed order. The lean loop's and the compiled step's attention for batches."""
+    B, Hq, D = rows.k_slots.shape[0], q.shape[1], q.shape[2]
+    keys, vals = kv.gather_rows(i, rows.k_slots)  # [B, Hkv, T_max, D]
+    qb = q[rows.q_index].view(B, -1, Hq, D).transpose(1, 2)  # [B, Hq, n_max, D]
+    att = F.scaled_dot_product_attention(qb, keys, vals, attn_mask=rows.mask_for(sliding_window), scale=scale,
+                                         enable_gqa=Hq != keys.shape[1])
+    return att.transpose(1, 2).reshape(-1, Hq * D)[rows.out_index]
 
 
 def _select_rows(x: torch.Tensor, logits_rows) -> torch.Tensor:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..api import wrap
+from ..cache.pool import common_prefix
 from ..drafters.base import Drafter, RowDrafter
 
 
@@ -38,14 +39,6 @@ class Event:
     drafted: list[bool] = field(default_factory=list)
     stats: object = None
     done: bool = False
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class ConversationCache:
@@ -75,7 +68,7 @@ class ConversationCache:
     def checkout(self, prompt: list[int]):
         """The slot for this prompt, moved to most recently used (its kept KV beyond the shared prefix is
         the engine's to drop)."""
-        shared = [_common(m.engine.cached_tokens, prompt) for m in self.slots]
+        shared = [common_prefix(m.engine.cached_tokens, prompt) for m in self.slots]
         best = max(range(len(self.slots)), key=lambda i: shared[i])
         if shared[best] == 0 and len(self.slots) < self.max_conversations:
             model = self._new_slot()
