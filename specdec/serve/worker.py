@@ -181,12 +181,13 @@ class GenerationWorker:
                             put(Event(tokens=item, drafted=drafted))
                             if cancelled.is_set():
                                 break
-                        else:
+                        else:  # the generation is over and its KV kept: bound the kept pages before answering
+                            self.conversations.trim()
                             put(Event(stats=item, done=True))
                             finished = True
                 finally:
                     stream.close()
-                    self.conversations.trim()
+                    self.conversations.trim()  # also after a stop or an error
                 if cancelled.is_set() and not finished:
                     put(Event(done=True))
         except BaseException as e:  # noqa: BLE001 (handed to the route, which answers with it)
