@@ -131,6 +131,20 @@ def test_an_eagle_head_is_refused_by_the_export_and_a_failed_export_leaves_nothi
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
+def test_an_eagle3_heads_training_labels_are_the_targets_own_logits():
+    """The trainer's distribution to match (HeadNet.target_logits) is the target's LM head over its top
+    feature, not the eagle3 head's own norm and lm_head (which training moves)."""
+    target = build("llama", seed=0, layers=5)
+    head = random_head(target, seed=1, draft_vocab=40, arch="eagle3")
+    seq = torch.randint(3, VOCAB, (12,), generator=torch.Generator().manual_seed(5))
+    top = target_features(target, seq, head.feature_layers)[:, -target.config.hidden_size:]
+    with torch.no_grad():
+        want = target(seq[None]).logits[0][:, head.net.vocab_ids]
+        got = head.net.target_logits(top)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(head.net.logits(top), want, atol=1e-3)  # the head's own lm_head: another thing
+
+
 def test_train_head_arch_eagle3_trains_and_the_command_line_exports_it(tmp_path, capsys):
     target, tok = specdec.zoo.load("target")
     a = trainer_args(tmp_path, "e3", arch="eagle3", steps=6)

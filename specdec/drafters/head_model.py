@@ -288,8 +288,7 @@ class HeadNet(nn.Module):
         """out [.., H] (what `emit` gave) -> draft logits [.., N] over vocab_ids."""
         if self.eagle3:
             return linear_rows(self.norm(out), self.lm_head.weight).float()
-        w = self._target[1]
-        return linear_rows(out.to(w.dtype), w).float()
+        return self.target_logits(out)  # eagle: out is a predicted top feature, read by the target's rows
 
     def emit(self, x: torch.Tensor) -> torch.Tensor:
         """The layers' output [.., H] -> what a step hands on (next step's feature input and `logits`'
@@ -297,8 +296,10 @@ class HeadNet(nn.Module):
         return x if self.eagle3 else self.norm(x)
 
     def target_logits(self, top_feature: torch.Tensor) -> torch.Tensor:
-        """The target's own logits over vocab_ids from its top feature [.., H] (its LM head reads it)."""
-        return self.logits(top_feature)
+        """The target's own logits over vocab_ids from its top feature [.., H]: its LM head's rows (bound),
+        never the head's own (eagle3's lm_head is what training moves toward these)."""
+        w = self._target[1]
+        return linear_rows(top_feature.to(w.dtype), w).float()
 
     # -- pieces shared by training and inference -------------------------------------------------
     def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
