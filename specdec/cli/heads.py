@@ -48,6 +48,9 @@ def add_train_head_parser(sub) -> None:
     t.add_argument("--work", default=None, help="data, checkpoint and log (default: OUT.work); rerun to resume")
     t.add_argument("--export-checkpoint", action="store_true",
                    help="do not train: save the head of the run in --work as it stands to --out (marked partial)")
+    t.add_argument("--data", default="answers", help="the training sequences' sources joined by '+': answers (the "
+                   "target answers composed prompts), chitchat (human conversations it reads; pip install "
+                   "chitchat-dataset), random (random-token prompts it answers); default answers")
     _add_fields(t, HeadTrainArgs, {"resume_from": (Path, "a saved head to continue from (no checkpoint in --work); "
                                                          "a top-only head continues as a --fusion head")})
 
@@ -60,7 +63,7 @@ def cmd_train_head(a) -> None:
     if a.export_checkpoint:
         print(f"head saved to {export_checkpoint(work, out, load_target(a.target)[0])}")
         return
-    done = train_head(HeadTrainArgs(target=a.target, out=out, work=work, **_field_values(a, HeadTrainArgs)))
+    done = train_head(HeadTrainArgs(target=a.target, out=out, work=work, data=a.data, **_field_values(a, HeadTrainArgs)))
     _report("head", done, a, work)
 
 

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ..drafters.head_model import HeadConfig, HeadNet
 from ..files import refuse_existing, staged_folder
-from . import head_data, loop
+from . import head_data, head_sources, loop
 
 
 @dataclass
@@ -44,7 +44,10 @@ class HeadTrainArgs:
     fusion: bool = False
     num_layers: int = 1
     arch: str = "eagle"          # eagle (EAGLE-1/2 style) | eagle3 (EAGLE-3: exports for vLLM / SGLang)
-    num_prompts: int = 1200
+    data: str = "answers"        # the sources, joined by '+': answers | chitchat | random (training/head_sources.py)
+    num_prompts: int = 1200      # composed prompts: answered for the answers source; their held-out ones measure
+    num_conversations: int = 7168  # --data chitchat: human conversations read (7,168 is all of them)
+    num_random: int = 4000       # --data random: random-token prompts answered
     max_new_tokens: int = 160
     num_text_chunks: int = 200
     text_tokens: int = 256
@@ -230,6 +233,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
 
     out, work = Path(args.out), Path(args.work)
     refuse_existing(out)
+    sources = head_sources.parse(args.data)
     torch.set_num_threads(args.threads)
     if target is None:
         target, tok = load_target(args.target)
@@ -242,8 +246,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers, arch=args.arch)
     dtype = loop.compute_dtype(args.precision, device)
     data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
+    data_keys += ("num_conversations",) * ("chitchat" in sources) + ("num_random",) * ("random" in sources)
     manifest = {"target_fingerprint": config.target_fingerprint, "feature_layers": list(config.feature_layers),
                 **({"answer_dtype": "bfloat16"} if dtype == torch.bfloat16 else {}),
+                **({"data": "+".join(sources)} if sources != ("answers",) else {}),  # old folders stay resumable
                 **{k: getattr(args, k) for k in data_keys}}
     bar = tqdm(total=1, desc="data", disable=not progress)
 
@@ -254,7 +260,8 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
 
     paths = head_data.build(target, tok, work, config.feature_layers, args.num_prompts, args.max_new_tokens,
                             args.num_text_chunks, args.text_tokens, args.gen_batch, args.seed, shown,
-                            answer_dtype=dtype, manifest=manifest)
+                            answer_dtype=dtype, manifest=manifest, sources=sources,
+                            num_conversations=args.num_conversations, num_random=args.num_random)
     bar.close()
     data = head_data.Dataset(paths)
     vocab = config.vocab_size

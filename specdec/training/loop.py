@@ -60,13 +60,15 @@ def earlier_training(kind: str, path: Path, trained: dict) -> dict:
     return earlier
 
 
-def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float) -> None:
+def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float,
+                    cpu_seconds: float | None = None) -> None:
     tensors = {f"net.{k}": v for k, v in module.state_dict().items()}
     state = opt.state_dict()
     for i, st in state["state"].items():
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1)}
+    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1),
+            **({"cpu_seconds": round(cpu_seconds, 1)} if cpu_seconds is not None else {})}
     save_tensors(tensors, work / "checkpoint.safetensors")
     write_text(work / "checkpoint.json", json.dumps(meta))
 
@@ -100,6 +102,8 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
     from tqdm.auto import tqdm
 
     t_start = time.monotonic() - seconds
+    meta = work / "checkpoint.json"  # CPU seconds (all threads) of the training so far, across resumes
+    cpu_start = time.process_time() - (json.loads(meta.read_text()).get("cpu_seconds", 0.0) if step and meta.exists() else 0.0)
     end = steps if stop_at is None else min(steps, stop_at)
     last_ckpt = time.monotonic()
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress)
@@ -123,11 +127,12 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
                                           "time": round(time.time(), 1)}) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{loss.item():.3f}", **shown)
-                if step % eval_every == 0 or step == steps:
-                    log.write(json.dumps({"step": step, **evaluate()}) + "\n")
+                if step % eval_every == 0 or step == steps:  # with the training's wall and CPU seconds so far
+                    log.write(json.dumps({"step": step, **evaluate(), "seconds": round(time.monotonic() - t_start, 1),
+                                          "cpu_seconds": round(time.process_time() - cpu_start, 1)}) + "\n")
                     log.flush()
                 if time.monotonic() - last_ckpt > 60 * ckpt_minutes or step == end:
-                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start)
+                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start)
                     last_ckpt = time.monotonic()
         finally:
             bar.close()

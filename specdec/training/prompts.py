@@ -9,6 +9,7 @@ training prompt can leak into a measured speedup.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import random
@@ -88,8 +89,10 @@ def _public_functions():
                                   if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")]
 
 
-def stdlib_summaries(limit: int = 4000) -> list[str]:
-    """First sentences of public function docstrings of the standard library's training split."""
+@functools.lru_cache(maxsize=4)
+def stdlib_summaries(limit: int = 4000) -> tuple[str, ...]:
+    """First sentences of public function docstrings of the standard library's training split (parsed once
+    per process: seconds of ast work)."""
     out = []
     for _, functions in _public_functions():
         for node in functions:
@@ -99,11 +102,13 @@ def stdlib_summaries(limit: int = 4000) -> list[str]:
                 out.append(first)
         if len(out) >= limit:
             break
-    return out
+    return tuple(out)
 
 
-def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18) -> list[str]:
-    """Short public top-level or method functions of the standard library's training split, as source."""
+@functools.lru_cache(maxsize=4)
+def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18) -> tuple[str, ...]:
+    """Short public top-level or method functions of the standard library's training split, as source
+    (parsed once per process)."""
     out = []
     for lines, functions in _public_functions():
         for node in functions:
@@ -115,7 +120,7 @@ def stdlib_functions(limit: int = 1500, min_lines: int = 4, max_lines: int = 18)
                 out.append("\n".join(l[indent:] for l in body))
         if len(out) >= limit:
             break
-    return out
+    return tuple(out)
 
 
 def build(n: int, seed: int = 0) -> list[dict]:

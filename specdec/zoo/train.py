@@ -135,10 +135,38 @@ def _load_teacher(work: Path):
     return teacher.eval()
 
 
+def initial_model(args: TrainArgs, teacher=None):
+    """The model a run starts from: seeded random weights (the embeddings and final norm copied from a
+    same-width teacher, for the "target+init" kinds)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM(llama_config(args.name))
+    if ARCHS[args.name][5] == "target+init":  # same width as the target: start from its embeddings and final norm
+        model.model.embed_tokens.weight.data.copy_(teacher.model.embed_tokens.weight.data)
+        model.model.norm.weight.data.copy_(teacher.model.norm.weight.data)
+    return model
+
+
+def batch_loss(model, xb: torch.Tensor, teacher=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """xb [B, SEQ_LEN + 1] token ids -> (the training loss, its cross-entropy part), under bf16 autocast:
+    cross-entropy alone, or KL to the teacher's distribution + 0.1 x cross-entropy."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 master weights; 2.4x faster on AVX512-BF16
+        logits = model(xb[:, :-1]).logits.float()
+        if teacher is not None:
+            with torch.no_grad():
+                t_logp = F.log_softmax(teacher(xb[:, :-1]).logits.float(), -1)
+    ce = F.cross_entropy(logits.reshape(-1, VOCAB), xb[:, 1:].reshape(-1))
+    if teacher is None:
+        return ce, ce
+    kl = F.kl_div(F.log_softmax(logits, -1), t_logp, log_target=True, reduction="batchmean") / SEQ_LEN
+    return kl + 0.1 * ce, ce
+
+
 def train(args: TrainArgs) -> dict:
     """Train (or resume) one zoo model; returns its summary (also written to work/name/summary.json)."""
     from tqdm import tqdm
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)
     run_dir = args.work / args.name
@@ -155,11 +183,7 @@ def train(args: TrainArgs) -> dict:
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             agree_y = reference(agree_x).logits.argmax(-1)
 
-    torch.manual_seed(args.seed)
-    model = LlamaForCausalLM(llama_config(args.name))
-    if teacher_kind == "target+init":  # same width as the target: start from its embeddings and final norm
-        model.model.embed_tokens.weight.data.copy_(teacher.model.embed_tokens.weight.data)
-        model.model.norm.weight.data.copy_(teacher.model.norm.weight.data)
+    model = initial_model(args, teacher)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     tokens_per_step = args.batch * SEQ_LEN
     total_steps = max(1, args.tokens // tokens_per_step)
@@ -185,18 +209,7 @@ def train(args: TrainArgs) -> dict:
         t0 = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total_steps, args.lr)
-        xb = batch_at(data, step, args.seed, args.batch)
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 master weights; 2.4x faster on AVX512-BF16
-            logits = model(xb[:, :-1]).logits.float()
-            if teacher is not None:
-                with torch.no_grad():
-                    t_logp = F.log_softmax(teacher(xb[:, :-1]).logits.float(), -1)
-        ce = F.cross_entropy(logits.reshape(-1, VOCAB), xb[:, 1:].reshape(-1))
-        if teacher is not None:
-            kl = F.kl_div(F.log_softmax(logits, -1), t_logp, log_target=True, reduction="batchmean") / SEQ_LEN
-            loss = kl + 0.1 * ce
-        else:
-            loss = ce
+        loss, ce = batch_loss(model, batch_at(data, step, args.seed, args.batch), teacher)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
