@@ -71,7 +71,7 @@ def test_engine_sampling_matches_target_distribution(models, drafter):
     target, draft = models
     exact = exact_joint(target)
     spec = specdec.wrap(target, drafter=draft if drafter == "model" else "ngram", draft_length=2)
-    n = 3000
+    n = 1500  # the lossy control below fails at this n with p ~2e-15
     counts = empirical(spec, n)
     assert gof(exact, counts, n) > 1e-3
     assert spec.engine.pool.num_used == 0
@@ -81,5 +81,5 @@ def test_typical_acceptance_is_lossy_and_the_test_sees_it(models):
     target, draft = models
     exact = exact_joint(target)
     spec = specdec.wrap(target, drafter=draft, draft_length=2, acceptance="typical")
-    n = 3000
+    n = 1500
     assert gof(exact, empirical(spec, n), n) < 1e-6

@@ -268,7 +268,7 @@ def test_sampling_follows_the_target(lossy):
 
     target, draft = tiny_vocab_model(V, seed=0, scale=4.0), tiny_vocab_model(V, seed=7, scale=4.0)
     drafter = (ClaimsUniformQ if lossy else LookupFirst)(ModelDrafter(draft), min_match=1)
-    n = 800 if lossy else 3000
+    n = 800 if lossy else 1500
     p = gof(exact_joint(target), empirical(specdec.wrap(target, drafter=drafter, draft_length=2), n), n)
     assert drafter.lookup_steps > 100 and drafter.drafter_steps > 100
     if lossy:

@@ -111,7 +111,7 @@ def test_sampling_with_repetition_penalty_follows_the_target(shape, lossy, monke
         monkeypatch.setattr(specdec.engine, "LogitsPipeline", WrongPrefix)
     tree = specdec.TreeSpec.static([3, 2]) if shape == "tree" else None
     spec = specdec.wrap(target, drafter=draft, draft_length=2 if tree is None else "adaptive", tree=tree)
-    p = _pvalue(spec, _exact(target), 3000)
+    p = _pvalue(spec, _exact(target), 1500)  # the control's p-value at this n underflows to 0
     assert (p < 1e-6) if lossy else (p > 1e-3)
 
 
