@@ -1,6 +1,6 @@
 """Which training data pays per CPU-hour: one head per `--data` source, trained side by side, measured alike.
 
-    python benchmarks/head_sources.py --root /work/headwork/sources [--sources answers,chitchat] \
+    python benchmarks/head_sources.py --root /work/headwork/sources [--sources chitchat,answers] \
         [--until 3000] [--chunk 250]
 
 Each source gets its own `specdec train-head` run (root/SOURCE.work), all with the same head, optimiser and
@@ -23,14 +23,14 @@ from specdec.training.head_trainer import HeadTrainArgs, load_target, train_head
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = dict(batch=8, seq_len=256, lr=2e-3, warmup=100, ttt=3, ce_weight=1.0, draft_vocab=8192, num_prompts=1200,
-                max_new_tokens=160, gen_batch=16, eval_every=250, heldout_seqs=24, threads=2, precision="fp32")
+                max_new_tokens=160, gen_batch=64, eval_every=250, heldout_seqs=24, threads=2, precision="fp32")
 PER_SOURCE = {"answers": dict(num_text_chunks=200), "chitchat": dict(num_text_chunks=0, num_conversations=1000),
               "random": dict(num_text_chunks=0, num_random=1200)}
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
 ap.add_argument("--root", required=True, type=Path, help="the runs' work folders go here (resumable)")
-ap.add_argument("--sources", default="answers,chitchat")
+ap.add_argument("--sources", default="chitchat,answers")
 ap.add_argument("--until", type=int, default=3000, help="training steps per source (the cosine schedule's length)")
 ap.add_argument("--chunk", type=int, default=250, help="steps a source trains before the next one's turn")
 ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "head_sources")

@@ -170,7 +170,9 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
 
 
 def _run(engine: Engine, input_ids, generation_config=None, logits_processor=None, stopping_criteria=None,
-         streamer=None, attention_mask=None, inputs=None, tokenizer=None, **kwargs):
+         streamer=None, attention_mask=None, inputs=None, tokenizer=None, on_row_tokens=None, **kwargs):
+    """on_row_tokens (specdec's own): one callable per output row, each given that row's new tokens as they
+    are committed (a streamer per row, for batches); returning True ends the row. Runs the batch engine."""
     target = engine.target
     if inputs is not None:  # HF's first parameter is called `inputs`
         if input_ids is not None:
@@ -192,13 +194,20 @@ def _run(engine: Engine, input_ids, generation_config=None, logits_processor=Non
     if len(rows) * n > 1 and (streamer is not None or record is not None):
         raise ValueError(f"{len(rows) * n} sequences (batch {len(rows)} x num_return_sequences {n}) cannot be combined "
                          "with a streamer (HF streams one sequence too) or output_scores / output_logits yet")
+    if on_row_tokens is not None:
+        why = batchable(engine) or (f"on_row_tokens has {len(on_row_tokens)} callables for {len(rows) * n} rows"
+                                    if len(on_row_tokens) != len(rows) * n else None)
+        if why is not None:
+            raise ValueError(f"on_row_tokens needs the batch engine: {why}")
     requests, lengths = [], []
     for prompt in rows:  # [T_i]
         limits, sampling = limits_and_sampling(cfg, prompt.numel(), stopping_criteria, target, default_max_length)
         before, after = config_processors(target, cfg, prompt.numel(), logits_processor, engine.device)
         requests += [RowRequest(prompt, limits, before, after) for _ in range(n)]
         lengths += [prompt.numel()] * n
-    if len(requests) > 1 and batchable(engine) is None:  # one target forward per step for every row
+    for r, callback in zip(requests, on_row_tokens or []):
+        r.on_tokens = callback
+    if (len(requests) > 1 or on_row_tokens is not None) and batchable(engine) is None:  # one forward per step
         outputs, stats = map(list, zip(*generate_batch(engine, requests, sampling, _generator(engine.device))))
     else:  # one row after another (specdec/rows.py; batch.batchable says when)
         outputs, stats = [], []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -48,12 +49,22 @@ from .verifiers.sampling import SamplingParams
 @dataclass
 class RowRequest:
     """One row: its prompt [T] int64 (no padding), when it stops, and its HF processors (built for its
-    own prompt length: before / after specdec's warping, as Engine.generate takes them)."""
+    own prompt length: before / after specdec's warping, as Engine.generate takes them). on_tokens, when
+    given, receives the row's new tokens as they are committed (the prefill's first token, then each
+    step's accepted tokens and the target's own); returning True ends the row there (a client that left)."""
 
     prompt: torch.Tensor
     limits: Limits
     processors: object = None
     post_processors: object = None
+    on_tokens: Callable[[list[int]], bool | None] | None = None
+
+
+def _emit(row, tokens: list[int]) -> None:
+    """Hand a row's new tokens to its on_tokens; a True answer ends the row."""
+    if row.request.on_tokens is not None and tokens and row.request.on_tokens(tokens) and not row.done:
+        row.done = True
+        _finish(row)
 
 
 def batchable(engine: Engine) -> str | None:
@@ -230,6 +241,7 @@ def _prefill(engine, runner: BatchRunner, rows: list[_Row], sampling, generator,
         row.decode_t0 = time.perf_counter()
         if row.done:
             _finish(row)
+        _emit(row, [first])
 
 
 def _step(engine, runner: BatchRunner, drafts, planner: BatchPlanner, live: list[_Row], sampling, generator,
@@ -318,6 +330,7 @@ def _commit(row: _Row, runner: BatchRunner, drafts, draft: Draft, toks: list[int
     row.stats.verify_s += verify_s
     if row.done:
         _finish(row)
+    _emit(row, new[:emitted])
 
 
 def _finish(row: _Row) -> None:

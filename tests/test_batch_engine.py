@@ -324,3 +324,34 @@ def test_what_cannot_batch_says_why_and_runs_row_by_row():
         assert batch_mod.batchable(specdec.wrap(target, **options).engine) is None
     with pytest.raises(ValueError, match="cannot run a batch"):
         batch_mod.generate_batch(lone.engine, [], None)
+
+
+def test_each_row_streams_its_own_tokens_and_can_be_ended_early():
+    """on_row_tokens: every row's callable receives exactly that row's new tokens, in order; a row whose
+    callable answers True ends there (the others run on, unchanged); a wrong count is refused by name."""
+    target = build("llama", seed=0, layers=2)
+    prompts = [torch.tensor([1, 5, 9, 2]), torch.tensor([3, 4, 8]), torch.tensor([8, 1, 4, 4, 6])]
+    from specdec.rows import left_pad
+
+    ids, mask = left_pad([p.tolist() for p in prompts], 0)
+    seen = [[], [], []]
+
+    def collect(i, stop_after=None):
+        def on(tokens):
+            seen[i] += tokens
+            return stop_after is not None and len(seen[i]) >= stop_after
+        return on
+
+    out = specdec.generate(target, ids, attention_mask=mask, drafter=build("llama", seed=1, layers=1), draft_length=3,
+                           max_new_tokens=12, on_row_tokens=[collect(0), collect(1), collect(2)],
+                           return_dict_in_generate=True)
+    full, width = out.sequences, ids.shape[1]
+    assert all(seen[i] == full[i, width:width + out.stats[i].new_tokens].tolist() for i in range(3))
+    assert min(len(s) for s in seen) > 1
+    seen = [[], [], []]
+    cut = specdec.generate(target, ids, attention_mask=mask, drafter=build("llama", seed=1, layers=1), draft_length=3,
+                           max_new_tokens=12, on_row_tokens=[collect(0), collect(1, stop_after=1), collect(2)])
+    assert seen[1] == full[1, width:width + 1].tolist()  # ended at its first token (the prefill's)
+    assert torch.equal(cut[0], full[0]) and torch.equal(cut[2], full[2])
+    with pytest.raises(ValueError, match="2 callables for 3 rows"):
+        specdec.generate(target, ids, attention_mask=mask, max_new_tokens=4, on_row_tokens=[collect(0), collect(1)])

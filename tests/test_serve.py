@@ -33,10 +33,10 @@ def _free_port() -> int:
 class Server:
     """uvicorn serving the app in a thread of this process (stopped by the fixture)."""
 
-    def __init__(self, max_queue: int = 8):
+    def __init__(self, max_queue: int = 8, max_batch: int = 1):
         self.target, self.tok = zoo.load("target")
         self.app, self.worker = build_app(self.target, self.tok, drafter="ngram", model_name=NAME,
-                                          max_queue=max_queue, warm_up=False)
+                                          max_queue=max_queue, warm_up=False, max_batch=max_batch)
         self.port = _free_port()
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -294,3 +294,63 @@ def test_conversations_keep_their_kv_side_by_side_within_slots_and_a_page_budget
     run(small, b)
     kept = [len(m.engine.cached_tokens) for m in small.conversations.slots]
     assert kept[0] == 0 and kept[-1] > 0 and small.pages_in_use == small.conversations.pages(small.model)
+
+
+def test_requests_waiting_together_run_as_one_batch_each_streamed_with_its_own_answer():
+    """max_batch 4: five requests wait while the model is busy (the test holds it); they run as batches
+    (four rows, then one alone), streamed and not, and every answer is its own greedy text; a seeded
+    request is never batched; no pages are left behind."""
+    s = Server(max_queue=8, max_batch=4)
+    try:
+        prompts = [f"def task_{i}(x):" for i in range(5)]
+        refs = {p: s.greedy(prompt=p, max_tokens=16) for p in prompts}
+        results, errors = {}, []
+
+        def client(i, p):
+            try:
+                if i % 2:
+                    chunks = s.client.completions.create(model=NAME, prompt=p, max_tokens=16, temperature=0, stream=True)
+                    results[p] = "".join(c.choices[0].text for c in chunks if c.choices)
+                else:
+                    results[p] = s.client.completions.create(model=NAME, prompt=p, max_tokens=16,
+                                                             temperature=0).choices[0].text
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=client, args=(i, p)) for i, p in enumerate(prompts)]
+        with s.worker._lock:  # the model is busy: every request waits
+            for t in threads:
+                t.start()
+            deadline = time.time() + 30
+            while s.worker.queued < 5:
+                assert time.time() < deadline, "the requests did not arrive"
+                time.sleep(0.02)
+        for t in threads:
+            t.join(120)
+        assert not errors and results == refs
+        assert s.worker.batches_run == 1  # four together, the fifth alone (max_batch 4)
+        seeded = s.client.completions.create(model=NAME, prompt=prompts[0], max_tokens=16, temperature=0, seed=3)
+        assert seeded.choices[0].text == refs[prompts[0]] and s.worker.batches_run == 1
+        _settle(s.worker)
+        s.worker.model.engine.release_cache()
+        assert s.worker.pages_in_use == 0
+    finally:
+        s.stop()
+
+
+def test_a_batch_the_engine_cannot_run_is_refused_at_start():
+    from specdec.serve.worker import GenerationWorker
+
+    from specdec.drafters.base import Draft
+
+    class OneSequenceOnly:  # a drafter with no per-row copies (not a RowDrafter)
+        def begin(self, setup): ...
+        def propose(self, ctx, budget): return Draft.empty()
+        def accept(self, n): ...
+        def end(self): ...
+
+    target, tok = zoo.load("target")
+    with pytest.raises(ValueError, match="cannot run as one batch .OneSequenceOnly cannot serve"):
+        GenerationWorker(target, tok, OneSequenceOnly(), max_batch=2)
+    with pytest.raises(ValueError, match="max_batch must be"):
+        GenerationWorker(target, tok, "ngram", max_batch=0)

@@ -37,7 +37,8 @@ def _field_values(a, args_class) -> dict:
 
 
 def _report(what: str, done, a, work: Path) -> None:
-    print(f"{what} saved to {done}" if done else f"stopped at step {a.stop_at}; rerun the same command to resume "
+    when = f"at step {a.stop_at}" if a.stop_at is not None else "at the time limit"
+    print(f"{what} saved to {done}" if done else f"stopped {when}; rerun the same command to resume "
           f"(checkpoint in {work})")
 
 
@@ -52,7 +53,9 @@ def add_train_head_parser(sub) -> None:
                    "target answers composed prompts), chitchat (human conversations it reads; pip install "
                    "chitchat-dataset), random (random-token prompts it answers); default answers")
     _add_fields(t, HeadTrainArgs, {"resume_from": (Path, "a saved head to continue from (no checkpoint in --work); "
-                                                         "a top-only head continues as a --fusion head")})
+                                                         "a top-only head continues as a --fusion head"),
+                                      "stop_after_s": (float, "checkpoint and stop once training has run this many "
+                                                              "seconds; rerun to resume")})
 
 
 def cmd_train_head(a) -> None:

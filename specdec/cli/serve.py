@@ -19,6 +19,8 @@ def add_serve_parser(sub, add_model_args) -> None:
                    help="conversations whose KV is kept for their next turn (least recently used dropped first)")
     s.add_argument("--max-kv-pages", type=int, default=None,
                    help="KV pages the kept conversations may hold together (default: no bound but --max-conversations)")
+    s.add_argument("--batch", type=int, default=1, help="requests waiting together (same settings, no seed) run as "
+                   "one batch of up to this many rows, skipping prefix reuse (default 1: one at a time)")
     s.add_argument("--model-name", default=None, help="the id clients send as `model` (default: --target)")
 
 
@@ -37,7 +39,7 @@ def cmd_serve(a) -> None:
     print("(loading and warming up)", file=sys.stderr, flush=True)
     app, _ = build_app(target, tok, _drafter_arg(a.drafter, tok, a.draft_dtype, target),
                        model_name=a.model_name or a.target, max_queue=a.max_queue, tree=_tree_spec(a),
-                       max_conversations=a.max_conversations, max_kv_pages=a.max_kv_pages)
+                       max_conversations=a.max_conversations, max_kv_pages=a.max_kv_pages, max_batch=a.batch)
     print(f"specdec serve: http://{a.host}:{a.port}/ (chat page), OpenAI API at http://{a.host}:{a.port}/v1",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning")

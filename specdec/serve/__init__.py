@@ -23,14 +23,16 @@ def check_port(host: str, port: int) -> None:
 
 
 def build_app(target, tokenizer, drafter=None, model_name: str = "specdec", max_queue: int = 8,
-              max_conversations: int = 4, max_kv_pages: int | None = None, warm_up: bool = True, **options):
+              max_conversations: int = 4, max_kv_pages: int | None = None, warm_up: bool = True,
+              max_batch: int = 1, **options):
     """The ASGI app over a GenerationWorker for (target, drafter); options go to specdec.wrap.
-    max_conversations / max_kv_pages: the kept conversations whose KV later requests reuse (serve/worker.py)."""
+    max_conversations / max_kv_pages: the kept conversations whose KV later requests reuse; max_batch:
+    how many waiting requests may run as one batch (serve/worker.py)."""
     from .app import create_app
     from .worker import GenerationWorker
 
     worker = GenerationWorker(target, tokenizer, drafter, max_queue=max_queue, max_conversations=max_conversations,
-                              max_kv_pages=max_kv_pages, **options)
+                              max_kv_pages=max_kv_pages, max_batch=max_batch, **options)
     if warm_up:
         worker.warm_up()
     return create_app(worker, model_name), worker

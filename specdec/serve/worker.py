@@ -9,6 +9,11 @@ request goes to the one whose kept tokens share the longest prefix with its prom
 conversation, sent whole as OpenAI clients do, prefills only its new tokens), else to a free slot or the
 least recently used one, whose KV is dropped.
 
+Batches (max_batch > 1, `specdec serve --batch N`): requests waiting when the model comes free, with the
+same generation settings and no seed, run together as one ragged batch of up to N rows through the
+batched engine (specdec/batch.py: one target forward per step for every row), each row streamed as it
+is committed; they skip prefix reuse (a batch's KV is not kept). A request alone runs as above.
+
 Provenance: the engine's streamer receives each verification step's tokens together: every token but
 the last was drafted and accepted, the last is the target's own (a correction or the bonus); the first
 token comes from the prefill (the target's). `Event.drafted` holds one flag per token.
@@ -18,12 +23,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from ..api import wrap
+from ..batch import batchable
 from ..cache.pool import common_prefix
 from ..drafters.base import Drafter, RowDrafter
+from ..rows import left_pad
 
 
 class QueueFull(Exception):
@@ -39,6 +47,17 @@ class Event:
     drafted: list[bool] = field(default_factory=list)
     stats: object = None
     done: bool = False
+
+
+@dataclass
+class _Pending:
+    """A request waiting for the model: what its thread runs, and how its events reach its route."""
+
+    prompt: list[int]
+    kwargs: dict
+    cancelled: threading.Event
+    put: Callable
+    taken: bool = False  # run by another request's thread, in a batch
 
 
 class ConversationCache:
@@ -98,10 +117,21 @@ class ConversationCache:
 
 class GenerationWorker:
     def __init__(self, target, tokenizer, drafter=None, max_queue: int = 8, max_conversations: int = 4,
-                 max_kv_pages: int | None = None, **options):
+                 max_kv_pages: int | None = None, max_batch: int = 1, **options):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.conversations = ConversationCache(target, drafter, options, max_conversations, max_kv_pages)
         self.tok = tokenizer
         self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.batches_run = 0  # generations that ran two or more requests together
+        self._pending: list[_Pending] = []
+        self._batch_model = None
+        if max_batch > 1:  # refused at start, not at the first batch: the engine must batch these options
+            self._batch_model = wrap(target, drafter=drafter, **options)
+            why = batchable(self._batch_model.engine)
+            if why is not None:
+                raise ValueError(f"max_batch {max_batch}: this target and drafter cannot run as one batch ({why})")
         self._lock = threading.Lock()  # one generation at a time
         self._waiting = 0
         self._count = threading.Lock()
@@ -117,8 +147,9 @@ class GenerationWorker:
 
     @property
     def pages_in_use(self) -> int:
-        """KV pages held now: the kept conversations' and any running generation's."""
-        return self.conversations.total_pages()
+        """KV pages held now: the kept conversations' and any running generation's (a batch's too)."""
+        batch = self.conversations.pages(self._batch_model) if self._batch_model is not None else 0
+        return self.conversations.total_pages() + batch
 
     @property
     def queued(self) -> int:
@@ -161,9 +192,21 @@ class GenerationWorker:
             except RuntimeError:  # the consumer's loop has closed (it left): nobody to tell
                 pass
 
+        me = _Pending(prompt, kwargs, cancelled, put)
+        with self._count:
+            self._pending.append(me)
         finished = False
         try:
             with self._lock:
+                with self._count:
+                    if me in self._pending:
+                        self._pending.remove(me)
+                    if me.taken:  # another request's thread ran this one in its batch
+                        return
+                    group = [me] + self._take_batch(me)
+                if len(group) > 1:
+                    self._run_batch(group)
+                    return
                 if cancelled.is_set():
                     put(Event(done=True))
                     return
@@ -194,3 +237,45 @@ class GenerationWorker:
             put(e)
         finally:
             self._leave()
+
+    def _take_batch(self, leader: _Pending) -> list[_Pending]:
+        """Waiting requests that run with `leader` (under self._count): same settings, no seed, at most
+        max_batch - 1 of them, first come first."""
+        if self.max_batch == 1 or "seed" in leader.kwargs or leader.cancelled.is_set():
+            return []
+        taken = [p for p in self._pending if p.kwargs == leader.kwargs and not p.cancelled.is_set()]
+        taken = taken[:self.max_batch - 1]
+        for p in taken:
+            p.taken = True
+            self._pending.remove(p)
+        return taken
+
+    def _run_batch(self, group: list[_Pending]) -> None:
+        """One ragged batch (left-padded, the batch engine), each row's tokens sent to its own request as they
+        are committed; a row whose client left ends at its next step."""
+        pad = self.tok.pad_token_id
+        if pad is None:
+            eos = self.conversations.target.generation_config.eos_token_id
+            pad = (eos[0] if isinstance(eos, list) else eos) or 0
+        ids, mask = left_pad([p.prompt for p in group], pad)
+
+        def stream_to(p: _Pending):
+            first = [True]
+
+            def on_tokens(tokens: list[int]) -> bool:
+                drafted = [False] if first[0] else [True] * (len(tokens) - 1) + [False]
+                first[0] = False
+                p.put(Event(tokens=tokens, drafted=drafted))
+                return p.cancelled.is_set()
+            return on_tokens
+
+        try:
+            out = self._batch_model.generate(ids, attention_mask=mask, return_dict_in_generate=True,
+                                             on_row_tokens=[stream_to(p) for p in group], **group[0].kwargs)
+        except BaseException as e:  # noqa: BLE001 (each route answers with it)
+            for p in group:
+                p.put(e)
+            return
+        self.batches_run += 1
+        for p, stats in zip(group, out.stats):
+            p.put(Event(stats=stats, done=True))

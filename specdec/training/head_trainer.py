@@ -16,6 +16,7 @@ The finished head is saved to `out` (head.safetensors in fp16, head_config.json)
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class HeadTrainArgs:
                                  # record always reads all of them
     log_every: int = 10
     stop_at: int | None = None   # checkpoint at this step and return None (a time-boxed session); resume later
+    stop_after_s: float | None = None  # ... or once training has run this many seconds (a lent GPU)
     resume_from: Path | None = None  # no checkpoint in work: start from this saved head (its weights and step;
                                      # AdamW starts afresh) - how a run moves to a new machine
 
@@ -226,6 +228,22 @@ def save_head(net: HeadNet, out: Path, extra: dict | None = None) -> Path:
     return out
 
 
+def build_data(args: HeadTrainArgs, target, tok, config: HeadConfig, dtype: torch.dtype, progress=None) -> list[Path]:
+    """The run's data (head_data.build, resumable): its settings go to work/manifest.json, which a later run
+    with other settings is refused by. dtype: the answers' (loop.compute_dtype)."""
+    sources = head_sources.parse(args.data)
+    data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
+    data_keys += ("num_conversations",) * ("chitchat" in sources) + ("num_random",) * ("random" in sources)
+    manifest = {"target_fingerprint": config.target_fingerprint, "feature_layers": list(config.feature_layers),
+                **({"answer_dtype": "bfloat16"} if dtype == torch.bfloat16 else {}),
+                **({"data": "+".join(sources)} if sources != ("answers",) else {}),  # old folders stay resumable
+                **{k: getattr(args, k) for k in data_keys}}
+    return head_data.build(target, tok, Path(args.work), config.feature_layers, args.num_prompts, args.max_new_tokens,
+                           args.num_text_chunks, args.text_tokens, args.gen_batch, args.seed, progress,
+                           answer_dtype=dtype, manifest=manifest, sources=sources,
+                           num_conversations=args.num_conversations, num_random=args.num_random)
+
+
 def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True) -> Path | None:
     """Build the data (resumable), train (resumable), save the head to args.out. Returns args.out, or None
     when args.stop_at ended the run early (its checkpoint is in args.work; run again to continue)."""
@@ -233,7 +251,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
 
     out, work = Path(args.out), Path(args.work)
     refuse_existing(out)
-    sources = head_sources.parse(args.data)
+    head_sources.parse(args.data)  # a bad --data is refused before the target loads
     torch.set_num_threads(args.threads)
     if target is None:
         target, tok = load_target(args.target)
@@ -245,12 +263,6 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         p.requires_grad_(False)
     config = HeadConfig.for_target(target, fusion=args.fusion, num_layers=args.num_layers, arch=args.arch)
     dtype = loop.compute_dtype(args.precision, device)
-    data_keys = ("num_prompts", "max_new_tokens", "num_text_chunks", "text_tokens", "gen_batch", "seed")
-    data_keys += ("num_conversations",) * ("chitchat" in sources) + ("num_random",) * ("random" in sources)
-    manifest = {"target_fingerprint": config.target_fingerprint, "feature_layers": list(config.feature_layers),
-                **({"answer_dtype": "bfloat16"} if dtype == torch.bfloat16 else {}),
-                **({"data": "+".join(sources)} if sources != ("answers",) else {}),  # old folders stay resumable
-                **{k: getattr(args, k) for k in data_keys}}
     bar = tqdm(total=1, desc="data", disable=not progress)
 
     def shown(i, n, _tokens):
@@ -258,10 +270,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         bar.n = i
         bar.refresh()
 
-    paths = head_data.build(target, tok, work, config.feature_layers, args.num_prompts, args.max_new_tokens,
-                            args.num_text_chunks, args.text_tokens, args.gen_batch, args.seed, shown,
-                            answer_dtype=dtype, manifest=manifest, sources=sources,
-                            num_conversations=args.num_conversations, num_random=args.num_random)
+    paths = build_data(args, target, tok, config, dtype, shown)
     bar.close()
     data = head_data.Dataset(paths)
     vocab = config.vocab_size
@@ -293,7 +302,8 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
                              batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data,
                                                                                  max_seqs=args.heldout_seqs or None)},
-                             args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype)
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype,
+                             None if args.stop_after_s is None else time.monotonic() + args.stop_after_s)
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)  # every held-out answer

@@ -93,8 +93,9 @@ def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, floa
 def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
         lr_at: Callable[[int], float], batch_loss: Callable[[int], tuple], evaluate: Callable[[], dict],
         log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool,
-        compute: torch.dtype = torch.float32) -> tuple[int, float]:
-    """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at).
+        compute: torch.dtype = torch.float32, deadline: float | None = None) -> tuple[int, float]:
+    """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at), or until the clock
+    (time.monotonic()) passes `deadline`: a device lent for minutes; the checkpoint is written either way.
 
     batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`,
     run under bf16 autocast when `compute` (compute_dtype) is bfloat16; evaluate() -> the fields of an
@@ -134,6 +135,9 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
                 if time.monotonic() - last_ckpt > 60 * ckpt_minutes or step == end:
                     save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start)
                     last_ckpt = time.monotonic()
+                if deadline is not None and time.monotonic() > deadline:
+                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start)
+                    break
         finally:
             bar.close()
     return step, time.monotonic() - t_start
