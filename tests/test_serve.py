@@ -329,6 +329,7 @@ def test_requests_waiting_together_run_as_one_batch_each_streamed_with_its_own_a
             t.join(120)
         assert not errors and results == refs
         assert s.worker.batches_run == 1  # four together, the fifth alone (max_batch 4)
+        assert "specdec_batches_run 1.0" in httpx.get(s.url + "/metrics").text
         seeded = s.client.completions.create(model=NAME, prompt=prompts[0], max_tokens=16, temperature=0, seed=3)
         assert seeded.choices[0].text == refs[prompts[0]] and s.worker.batches_run == 1
         _settle(s.worker)

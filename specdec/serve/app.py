@@ -39,6 +39,8 @@ class Metrics:
                                       buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16))
         Gauge("specdec_kv_pages_in_use", "KV pages held", registry=r).set_function(lambda: worker.pages_in_use)
         Gauge("specdec_queue_depth", "Requests running or waiting", registry=r).set_function(lambda: worker.queued)
+        Gauge("specdec_batches_run", "Generations that ran two or more requests as one batch (--batch)",
+              registry=r).set_function(lambda: worker.batches_run)
 
     def record(self, stats) -> None:
         self.tokens.inc(stats.new_tokens)
