@@ -91,18 +91,19 @@ def test_chitchat_needs_a_chat_template_and_says_so(tmp_path):
     assert not (tmp_path / "plain-out").exists()
 
 
-def test_chitchat_run_is_deterministic_resumes_exactly_and_refuses_another_folder(tmp_path, chat_target):
+@pytest.mark.parametrize("source, prefix", [("chitchat", "conv-"), ("random", "rand-")])
+def test_a_run_is_deterministic_resumes_exactly_and_refuses_another_folder(tmp_path, chat_target, source, prefix):
     target, tok = chat_target
-    whole = args(tmp_path, "whole")
+    whole = args(tmp_path, "whole", data=source)
     out = train_head(whole, target, tok, progress=False)
     names = list(shards(whole.work))
-    assert names[0].startswith("conv-") and names[-1] == "eval-00000.safetensors"
-    assert not any(n.startswith("chat-") for n in names)  # no generation beyond the held-out answers
-    # the same data, built again from a folder that lost its last conversation shard (killed while writing)
-    part = args(tmp_path, "part", stop_at=2)
+    assert any(n.startswith(prefix) for n in names) and "eval-00000.safetensors" in names
+    assert not any(n.startswith("chat-") for n in names)  # no composed prompt answered but the held-out ones
+    # the same data, built again from a folder that lost its last shard of the source (killed while writing)
+    part = args(tmp_path, "part", stop_at=2, data=source)
     shutil.copytree(whole.work / "data", part.work / "data")
-    conv = sorted(n for n in names if n.startswith("conv-"))
-    (part.work / "data" / conv[-1]).unlink()
+    built = sorted(n for n in names if n.startswith(prefix))
+    (part.work / "data" / built[-1]).unlink()
     assert train_head(part, target, tok, progress=False) is None
     assert shards(part.work) == shards(whole.work)
     part.stop_at = None
@@ -114,7 +115,7 @@ def test_chitchat_run_is_deterministic_resumes_exactly_and_refuses_another_folde
     with pytest.raises(ValueError, match="other settings"):  # another data mix into the same work folder
         train_head(args(tmp_path, "whole", data="chitchat+random", out=tmp_path / "mix"), target, tok, progress=False)
     with pytest.raises(ValueError, match="other settings"):
-        train_head(args(tmp_path, "whole", seed=1, out=tmp_path / "seed1"), target, tok, progress=False)
+        train_head(args(tmp_path, "whole", data=source, seed=1, out=tmp_path / "seed1"), target, tok, progress=False)
     # the head drafts exactly
     ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids
     got = specdec.generate(target, ids, drafter=FeatureHead.from_pretrained(out, target), max_new_tokens=12)
