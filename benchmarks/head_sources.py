@@ -10,7 +10,9 @@ measures held-out acceptance on the same sequences: the target's answers to the 
 (training/head_sources.py), which no source trains on. Cost is CPU time (all threads, so core-seconds):
 the data's from data/costs.json (answering and features, per shard), the training's from the log.
 Acceptance only, no timing: the machine need not be quiet, though CPU time grows somewhat under load.
-Writes benchmarks/results/head_sources.md (and .png with matplotlib) after every turn.
+Writes benchmarks/results/head_sources.md (and .png with matplotlib) after every turn, from the curves in
+head_sources.json beside it: a source this run trains replaces its curve there, the others stay, so sources
+measured in other sessions (other work folders, other machines of the same class) share one table.
 """
 import argparse
 import json
@@ -59,10 +61,24 @@ def curve(source: str) -> tuple[dict, list[dict]]:
     return data, evals
 
 
+def merged_series() -> dict:
+    """{source: {"data": ..., "evals": [...]}}: the stored curves, with this run's sources measured anew."""
+    store = a.out.with_suffix(".json")
+    series = json.loads(store.read_text()) if store.exists() else {}
+    for source in sources:
+        data, evals = curve(source)
+        if evals:
+            series[source] = {"data": data, "evals": evals, "until": a.until}
+    tmp = store.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(series, indent=1) + "\n")
+    tmp.replace(store)
+    return series
+
+
 def report() -> None:
     lines = [f"# Head training data per CPU-hour ({a.target}, feature head, batch {SETTINGS['batch']} x "
              f"{SETTINGS['seq_len']}, {a.until}-step cosine)", "",
-             "```", f"python benchmarks/head_sources.py --root ROOT --sources {a.sources} --until {a.until} "
+             "```", f"python benchmarks/head_sources.py --root ROOT --sources SOURCE --until {a.until} "
              f"--chunk {a.chunk}", "```", "",
              "Machine: the project's 2-core AMD EPYC (AVX2, no AMX: fp32 training); core-hours are process CPU "
              "time (all threads), data (answering + features, data/costs.json) plus training. Acceptance: greedy "
@@ -70,15 +86,14 @@ def report() -> None:
              "24 answers for every source.", "",
              "| source | data positions | data core-h | step | total core-h | accept@1 | @2 | @3 | tau |",
              "|---|---|---|---|---|---|---|---|---|"]
-    series = {}
-    for source in sources:
-        data, evals = curve(source)
-        series[source] = evals
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    series = merged_series()
+    for source, run in series.items():
+        data, evals = run["data"], run["evals"]
         for e in evals:
             acc = e["accept"]
             lines.append(f"| {source} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
                          f"{e['core_hours']:.2f} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {e['tau']:.2f} |")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(a.out.with_suffix(".md"))
@@ -91,8 +106,9 @@ def report() -> None:
     from specdec.files import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for source, evals in series.items():
-        ax.plot([e["core_hours"] for e in evals], [e["accept"][0] for e in evals], marker="o", label=source)
+    for source, run in series.items():
+        ax.plot([e["core_hours"] for e in run["evals"]], [e["accept"][0] for e in run["evals"]], marker="o",
+                label=source)
     ax.set_xlabel("core-hours (data + training)")
     ax.set_ylabel("held-out acceptance at position 1")
     ax.legend()

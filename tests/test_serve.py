@@ -355,3 +355,17 @@ def test_a_batch_the_engine_cannot_run_is_refused_at_start():
         GenerationWorker(target, tok, OneSequenceOnly(), max_batch=2)
     with pytest.raises(ValueError, match="max_batch must be"):
         GenerationWorker(target, tok, "ngram", max_batch=0)
+
+
+def test_a_model_that_does_not_load_is_a_clear_error_before_the_server_listens(tmp_path):
+    """`specdec serve --target DIR` with a broken model folder: one line naming the folder and the cause, and
+    the port never claimed (the model loads before uvicorn starts)."""
+    from specdec.cli import main
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}')  # no weights
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SystemExit, match=f"the target '{tmp_path}' does not load"):
+        main(["serve", "--target", str(tmp_path), "--drafter", "none", "--port", str(port), "--threads", "1"])
+    check_port("127.0.0.1", port)  # still free: nothing listened

@@ -26,8 +26,13 @@ def _load(spec: str, role: str, dtype: str = "float32"):
     if not Path(spec).exists() and ("/" not in spec or spec.startswith((".", "/"))):
         raise SystemExit(f"specdec: {role} {spec!r} is neither a model name ({', '.join(zoo.names())}) "
                          "nor an existing directory; pass a zoo name, a local model directory or a hub id")
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
-    return model.eval(), AutoTokenizer.from_pretrained(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
+        tok = AutoTokenizer.from_pretrained(spec)
+    except Exception as e:  # noqa: BLE001 (a broken or partial model folder, a bad hub id: whatever it raises)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"specdec: the {role} {spec!r} does not load ({type(e).__name__}: {first})") from None
+    return model.eval(), tok
 
 
 def _sampling_kwargs(a) -> dict:
