@@ -29,6 +29,7 @@ SETTINGS = dict(batch=8, seq_len=256, lr=2e-3, warmup=100, ttt=3, ce_weight=1.0,
 PER_SOURCE = {"answers": dict(num_text_chunks=200), "chitchat": dict(num_text_chunks=0, num_conversations=1000),
               "random": dict(num_text_chunks=0, num_random=1200)}
 
+READING = "## Reading"  # a section written by hand below the table, kept when the table is rewritten
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
 ap.add_argument("--root", required=True, type=Path, help="the runs' work folders go here (resumable)")
@@ -94,9 +95,11 @@ def report() -> None:
             acc = e["accept"]
             lines.append(f"| {source} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
                          f"{e['core_hours']:.2f} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {e['tau']:.2f} |")
+    md = a.out.with_suffix(".md")
+    kept = md.read_text().partition(READING)[2] if md.exists() else ""  # the written reading stays
     tmp = a.out.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(a.out.with_suffix(".md"))
+    tmp.write_text("\n".join(lines) + "\n" + (f"\n{READING}{kept}" if kept else ""))
+    tmp.replace(md)
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -40,7 +40,8 @@ def wait_ready(url: str, proc: subprocess.Popen, seconds: float = 600) -> None:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode} before it was ready")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            health = httpx.get(url + "/health", timeout=2)
+            if health.status_code == 200 and not health.json().get("compiling"):  # timed on its compiled step
                 return
         except httpx.HTTPError:
             pass

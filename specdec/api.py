@@ -306,7 +306,7 @@ class SpecModel:
             input_ids = kwargs.pop("inputs")
         return _run(self.engine, input_ids, **kwargs)
 
-    def warm_up(self, new_tokens: int = 4) -> None:
+    def warm_up(self, new_tokens: int = 4, background_compile: bool = False) -> None:
         """Pay a first generation's one-off costs now rather than in the next one's time to first token.
 
         The first generation with a model probes its lean loop (hf/lean.py: a few forwards through HF's
@@ -315,8 +315,14 @@ class SpecModel:
         in float32. This runs one greedy generation of `new_tokens` tokens from a fixed 8-token prompt,
         drafting k = 2 under a policy of its own (the engine's policy, kept across calls or not, learns
         nothing from it), then drops its KV: a cache kept from an earlier generation (keep_cache=True) is
-        dropped too, so call it before the first generation (ChatSession does, when it is made)."""
+        dropped too, so call it before the first generation (ChatSession does, when it is made).
+
+        background_compile=True: the compiled step (hf/compiled.py) compiles its buckets in a thread of its
+        own from here on, and until a bucket is ready its forwards run the lean loop (the same tokens), so the
+        model is ready in the time a cached compile would take (chat and serve start this way). Timed runs
+        keep the default, which compiles before it returns."""
         engine = self.engine
+        engine.background_compile = background_compile
         vocab = engine.vocab_size
         prompt = (torch.arange(8, device=engine.device) * 37 + 11) % vocab  # [1, 8]: any ids will do
         policy, engine.policy = engine.policy, ConstantPolicy(2 if engine.drafter is not None else 0)

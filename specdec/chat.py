@@ -15,12 +15,13 @@ from .api import wrap
 
 class ChatSession:
     def __init__(self, target, tokenizer, drafter=None, system: str | None = None, warm_up: bool = True,
-                 **options):
+                 background_compile: bool = True, **options):
         """warm_up: pay the first generation's one-off costs (SpecModel.warm_up) here, so that the first
-        answer's time to first token is a steady one."""
+        answer's time to first token is a steady one; background_compile: the compiled step's buckets
+        compile in a thread while the user types (forwards run the lean loop until each is ready)."""
         self.model = wrap(target, drafter=drafter, keep_cache=True, **options)
         if warm_up:
-            self.model.warm_up()
+            self.model.warm_up(background_compile=background_compile)
         self.tok = tokenizer
         self.templated = bool(getattr(tokenizer, "chat_template", None))
         self.system = system

@@ -100,6 +100,7 @@ class Engine:
         # 'auto' / 'compiled': the target's short forwards through hf/compiled.py (auto: where it pays);
         # 'bitwise': logits bit for bit HF's eager forward (the lean loop, else HF's modules)
         self.step = step
+        self.background_compile = False  # compile the step's buckets in a thread, lean until ready (warm_up)
         # the target layers a feature-head drafter reads (hf/features.py); () for every other drafter
         self.feature_layers = tuple(drafter.feature_layers) if isinstance(drafter, FeatureDrafter) else ()
         self.features: FeatureLog | None = None  # the current generation's, when feature_layers
@@ -115,7 +116,7 @@ class Engine:
                                               (self.step == "auto" and auto_compiles(self.target, self.kernel))):
             runner = CompiledRunner.for_model(self.target, pool, table)
             if runner is not None:
-                runner.prepare(max_tokens)
+                runner.prepare(max_tokens, background=self.background_compile)
         if runner is None and self.lean:
             runner = LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True)
         return runner or ModelRunner(self.target, pool, table, self.kernel)

@@ -233,3 +233,24 @@ def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward():
     with pytest.warns(RuntimeWarning, match="guard failure \\(test\\)"):
         seq, stats = _spec(model, PROMPT, max_new_tokens=20)
     assert torch.equal(seq, ref) and 1 in steps.failed and "lean" in stats.step
+
+
+def test_background_compile_runs_lean_until_ready_and_never_waits(target):
+    """warm_up(background_compile=True): the buckets compile in a thread of their own; a generation meanwhile
+    runs the lean loop (the target's tokens, and it does not wait for the compile), then the compiled step
+    once the thread is done. The compile is held back by holding its lock, so the test sees both phases."""
+    model = build("llama", seed=3, layers=2, scale=3.0)  # a model of its own: nothing compiled yet
+    ref = hf_greedy(model, PROMPT, 24)
+    spec = specdec.wrap(model, drafter=model, draft_length=2, step="compiled")
+    with compiled._compiling:  # the background thread blocks on its first bucket
+        spec.warm_up(background_compile=True)
+        steps = steps_for(model)
+        assert compiled.compiling(model) and steps.background.name == "specdec-compile"
+        out = spec.generate(PROMPT, max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        assert "still compiling in the background" in out.stats.step and out.stats.compile_s == 0
+        assert not steps.checked
+    steps.background.join(120)
+    assert not compiled.compiling(model) and {1, 2, 4} <= steps.checked and not steps.failed
+    out = spec.generate(PROMPT, max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and out.stats.step == "compiled"

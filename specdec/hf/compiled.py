@@ -161,6 +161,12 @@ class CompiledSteps:
         self.compile_s = 0.0
         self._warned = False
         self._graphs: dict | None = None
+        self.background: threading.Thread | None = None  # compiling buckets now (CompiledRunner.prepare)
+
+    def compiling_elsewhere(self) -> bool:
+        """A background thread is compiling this model's buckets, and the caller is not that thread."""
+        t = self.background
+        return t is not None and t.is_alive() and t is not threading.current_thread()
 
     @property
     def graphs(self) -> dict:
@@ -191,6 +197,11 @@ def steps_for(model) -> CompiledSteps:
     if key not in per_model:
         per_model[key] = CompiledSteps(model)
     return per_model[key]
+
+
+def compiling(model) -> bool:
+    """Is a background thread compiling `model`'s step now (CompiledRunner.prepare(background=True))?"""
+    return any(steps.compiling_elsewhere() for steps in _steps.get(model, {}).values())
 
 
 def make_graphs(tag: int) -> dict:
@@ -251,9 +262,12 @@ class CompiledRunner(LeanRunner):
 
     @property
     def step_name(self) -> str:
-        """'compiled', naming the buckets that fell back to the lean loop if any."""
+        """'compiled', naming the buckets that fell back to the lean loop if any, or that were still compiling
+        in the background when the generation ended."""
         failed = sorted(self.steps.failed)
-        return "compiled" + (f" (lean for {', '.join(map(str, failed))}-token forwards)" if failed else "")
+        name = "compiled" + (f" (lean for {', '.join(map(str, failed))}-token forwards)" if failed else "")
+        return name + (" (still compiling in the background: lean until ready)" if self.steps.compiling_elsewhere()
+                       else "")
 
     def __init__(self, model, pool: PagePool, table: BlockTable, steps: CompiledSteps):
         super().__init__(model, pool, table)
@@ -280,14 +294,30 @@ class CompiledRunner(LeanRunner):
             return None
         return cls(model, pool, table, steps_for(model))
 
-    def prepare(self, max_tokens: int) -> None:
-        """Compile and check now every bucket a forward of up to max_tokens tokens uses (a generation's
+    def prepare(self, max_tokens: int, background: bool = False) -> None:
+        """Compile and check every bucket a forward of up to max_tokens tokens uses (a generation's
         verifications: the draft budget + 1), on a scratch sequence of random tokens, so no compile lands
-        inside a generation's decode, where the draft policy would take it for the cost of a step."""
+        inside a generation's decode, where the draft policy would take it for the cost of a step.
+
+        background=False: now, before returning. background=True: in a thread of its own, returning at once;
+        until a bucket is compiled and checked, every runner of the model runs its forwards through the lean
+        loop (exact either way): a chat or a server is ready before its graphs are (SpecModel.warm_up)."""
         top = bucket_for(min(max(max_tokens, 1), BUCKETS[-1]))
         todo = [b for b in BUCKETS if b <= top and b not in self.steps.checked and b not in self.steps.failed]
-        if not todo:
+        if not todo or self.steps.compiling_elsewhere():
             return
+        if background:
+            with _compiling:
+                if self.steps.background is None or not self.steps.background.is_alive():
+                    self.steps.background = threading.Thread(target=self._compile, args=(top, todo, False),
+                                                             daemon=True, name="specdec-compile")
+                    self.steps.background.start()
+            return
+        self._compile(top, todo, True)
+
+    def _compile(self, top: int, todo: list[int], charge: bool) -> None:
+        """prepare's work: each bucket in todo compiled and checked (first forwards) on a scratch sequence;
+        charge: count the seconds in this runner's compile_s (its generation waited for them)."""
         pool = PagePool(8, 16)  # 128 slots: a 33-token prefix + the largest bucket
         table = BlockTable(pool, self.device)
         scratch = type(self)(self.model, pool, table, self.steps)
@@ -302,7 +332,8 @@ class CompiledRunner(LeanRunner):
                     table.truncate(33)
         finally:
             table.release()
-        self.compile_s += scratch.compile_s
+        if charge:
+            self.compile_s += scratch.compile_s
 
     def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
         n = x.shape[0]
@@ -310,6 +341,8 @@ class CompiledRunner(LeanRunner):
         if bucket is None or first != 0 or bucket in self.steps.failed:
             return super().run_meta(x, meta, need, logits_rows, first)
         if bucket not in self.steps.checked:
+            if self.steps.compiling_elsewhere():  # not ready yet: the lean loop, rather than wait for it
+                return super().run_meta(x, meta, need, logits_rows, first)
             with _compiling:
                 if bucket not in self.steps.checked:
                     return self._first(x, meta, need, logits_rows, bucket)

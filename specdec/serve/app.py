@@ -89,7 +89,7 @@ def create_app(worker: GenerationWorker, model_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name}
+        return {"status": "ok", "model": model_name, "compiling": worker.compiling}
 
     @app.get("/v1/models")
     async def models():

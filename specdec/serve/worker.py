@@ -31,6 +31,7 @@ from ..api import wrap
 from ..batch import batchable
 from ..cache.pool import common_prefix
 from ..drafters.base import Drafter, RowDrafter
+from ..hf.compiled import compiling
 from ..rows import left_pad
 
 
@@ -142,8 +143,15 @@ class GenerationWorker:
         """The most recently used conversation's SpecModel."""
         return self.conversations.slots[-1]
 
-    def warm_up(self) -> None:
-        self.model.warm_up()
+    def warm_up(self, background_compile: bool = True) -> None:
+        """The first generation's one-off costs paid now; the compiled step's buckets compile in a thread
+        (requests run the lean loop until each is ready), so the server answers from the start."""
+        self.model.warm_up(background_compile=background_compile)
+
+    @property
+    def compiling(self) -> bool:
+        """The compiled step still compiling in the background (requests run the lean loop meanwhile)."""
+        return compiling(self.conversations.target)
 
     @property
     def pages_in_use(self) -> int:
