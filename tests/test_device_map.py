@@ -48,6 +48,18 @@ def test_every_drafter_keeps_greedy_output_on_a_disk_offloaded_target(tmp_path):
     assert torch.equal(got, want)
 
 
+def test_an_offloaded_target_pays_no_lean_loop_probe(tmp_path):
+    """The lean loop reads module weights, which an offloaded layer's hooks hold instead: the engine goes
+    straight to the HF modules, one forward a step (the probe's extra forwards would each pay the offload)."""
+    target, tok = specdec.zoo.load("target")
+    target = offloaded(target, tmp_path, target.config.num_hidden_layers // 2)
+    calls = []
+    target.model.register_forward_hook(lambda *a: calls.append(1))
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids[:, -30:]
+    out = specdec.generate(target, ids, max_new_tokens=6, return_dict_in_generate=True)
+    assert out.stats.step == "hf" and len(calls) == 6  # the prefill and five decode forwards, no probe
+
+
 def test_a_device_map_onto_a_device_the_engine_cannot_use_is_refused_before_any_forward():
     target, tok = specdec.zoo.load("target")
     ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids[:, -20:]

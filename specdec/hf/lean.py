@@ -161,6 +161,8 @@ class LeanRunner(ModelRunner):
         themselves)."""
         if kernel or type(model).__name__ not in SUPPORTED or not _static_rope(model):
             return None
+        if any(q.device.type == "meta" for q in model.parameters()):  # offloaded by accelerate (hf/offload.py):
+            return None  # only its hooks load those weights, so the loop cannot read them (and no probe is paid)
         p = next(model.parameters())
         verdicts = _verdicts.setdefault(model, {})
         key = (p.dtype, p.device)
