@@ -34,6 +34,7 @@ cos, sin [B, 1, D]; logits [B, V] float32.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -179,7 +180,7 @@ class CompiledSteps:
 
     def fail(self, bucket: int, reason: str) -> None:
         self.failed[bucket] = reason
-        if not self._warned:
+        if not self._warned and not _exiting.is_set():
             self._warned = True
             warnings.warn(f"specdec: the compiled step fell back to the lean loop for {bucket}-token forwards: "
                           f"{reason}", RuntimeWarning, stacklevel=3)
@@ -188,6 +189,19 @@ class CompiledSteps:
 _steps: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 _made: list = []  # every CompiledSteps that made graphs (their count numbers the next one's code objects)
 _compiling = threading.RLock()  # held while a bucket compiles and checks, and while graphs are made
+_exiting = threading.Event()  # set at exit: a background compile stops before its next bucket
+
+
+def _stop_background_compiles() -> None:
+    """A process exiting while its step compiles in the background (a chat quit at once): the compile thread
+    (not a daemon: the interpreter must not be torn down under inductor, which aborts) finishes its current
+    bucket and stops, and the interpreter joins it. Called by threading's shutdown before it joins threads,
+    ahead of atexit handlers, inductor's own included, so that bucket still compiles normally."""
+    _exiting.set()
+
+
+# threading's hook (the one concurrent.futures uses) runs before the non-daemon threads are joined
+getattr(threading, "_register_atexit", atexit.register)(_stop_background_compiles)
 
 
 def steps_for(model) -> CompiledSteps:
@@ -310,7 +324,7 @@ class CompiledRunner(LeanRunner):
             with _compiling:
                 if self.steps.background is None or not self.steps.background.is_alive():
                     self.steps.background = threading.Thread(target=self._compile, args=(top, todo, False),
-                                                             daemon=True, name="specdec-compile")
+                                                             name="specdec-compile")
                     self.steps.background.start()
             return
         self._compile(top, todo, True)
@@ -327,6 +341,8 @@ class CompiledRunner(LeanRunner):
             with specdec_attention(self.model):
                 scratch.forward(tokens[:33], logits_rows=1)  # past every bucket: the lean loop
                 for b in todo:
+                    if _exiting.is_set():
+                        break
                     scratch.forward(tokens[33:33 + b], logits_rows=None)
                     scratch.rollback(33)
                     table.truncate(33)
