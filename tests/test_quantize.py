@@ -212,3 +212,48 @@ def test_linears_that_cannot_join_are_refused_and_a_changed_part_joins_again():
     assert again is not first
     x = torch.randn(2, 64).to(torch.bfloat16)
     assert torch.equal(again.forward_2d(x), torch.cat([p.forward_2d(x) for p in int4], dim=1))
+
+
+def _two_bit(model):
+    """The lossy control: every linear weight rounded to 4 levels per group of 32 inputs (min/max scaled)."""
+    import copy
+
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "embed" not in name and p.shape[1] % 32 == 0:
+                w = p.view(p.shape[0], -1, 32)
+                lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+                step = (hi - lo).clamp_min(1e-8) / 3
+                p.copy_((((w - lo) / step).round() * step + lo).view_as(p))
+    return model
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_int8_and_int4_drafts_keep_their_proposals_quality(device):
+    """Issue 43: a quantized draft proposes what the float draft does. Teacher-forced on the zoo target's
+    greedy answers to held-out prompts, the fraction of positions where the draft's greedy token is the
+    target's (acceptance at position 1) stays within 0.03 of the float draft's for int8 and int4; a 2-bit
+    quantizer, the lossy control, falls further (measured: float 0.722, int8 0.722, int4 0.743, 2-bit 0.656)."""
+    target, tok = specdec.zoo.load("target")
+    draft, _ = specdec.zoo.load("draft-wide")
+    target, draft = target.to(device), draft.to(device)
+    answers = []
+    for p in specdec.zoo.prompts(6):
+        ids = tok(p, return_tensors="pt").input_ids[:, -48:].to(device)
+        answers.append(target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False))
+
+    def agreement(model) -> float:
+        hits = total = 0
+        with torch.no_grad():
+            for seq in answers:
+                want = target(seq).logits[0, 47:-1].argmax(-1)
+                got = model(seq).logits[0, 47:-1].float().argmax(-1)
+                hits, total = hits + (want == got).sum().item(), total + want.numel()
+        return hits / total
+
+    base = agreement(draft)
+    assert base > 0.5  # a draft worth quantizing
+    for quantized in (int8_draft(draft), int4_draft(draft, group_size=32)):
+        assert agreement(quantized) >= base - 0.03
+    assert agreement(_two_bit(draft)) < base - 0.03
