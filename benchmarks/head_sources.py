@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.files import write_text
 from specdec.training.head_trainer import HeadTrainArgs, load_target, train_head
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,9 +71,7 @@ def merged_series() -> dict:
         data, evals = curve(source)
         if evals:
             series[source] = {"data": data, "evals": evals, "until": a.until}
-    tmp = store.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(series, indent=1) + "\n")
-    tmp.replace(store)
+    write_text(store, json.dumps(series, indent=1) + "\n")
     return series
 
 
@@ -97,9 +96,7 @@ def report() -> None:
                          f"{e['core_hours']:.2f} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {e['tau']:.2f} |")
     md = a.out.with_suffix(".md")
     kept = md.read_text().partition(READING)[2] if md.exists() else ""  # the written reading stays
-    tmp = a.out.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n" + (f"\n{READING}{kept}" if kept else ""))
-    tmp.replace(md)
+    write_text(md, "\n".join(lines) + "\n" + (f"\n{READING}{kept}" if kept else ""))
     try:
         import matplotlib
         matplotlib.use("Agg")
