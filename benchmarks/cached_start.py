@@ -23,20 +23,21 @@ TARGET = "smollm2-135m-instruct"
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
+args = json.loads(sys.argv[1])
 import torch, specdec
 from specdec import zoo
 from specdec.cli.models import _default_drafter, _drafter_arg
 torch.set_num_threads(2)
 t_import = time.perf_counter()
-target, tok = zoo.load(TARGET)
-drafter = _drafter_arg(_default_drafter(TARGET, "chat"), tok, target=target)
+target, tok = zoo.load(args["target"])
+drafter = _drafter_arg(_default_drafter(args["target"], "chat"), tok, target=target)
 model = specdec.wrap(target, drafter=drafter)
 t_load = time.perf_counter()
-model.warm_up(background_compile=BACKGROUND)
+model.warm_up(background_compile=args["background"])
 t_ready = time.perf_counter()
-ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+ids = tok.apply_chat_template([{"role": "user", "content": args["prompt"]}], add_generation_prompt=True,
                               return_tensors="pt", return_dict=True)["input_ids"]
-out = model.generate(ids, max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True)
+out = model.generate(ids, max_new_tokens=args["new"], do_sample=False, return_dict_in_generate=True)
 t_answer = time.perf_counter()
 print(json.dumps({"import": t_import - t0, "load": t_load - t_import, "warm_up": t_ready - t_load,
                   "ready": t_ready - t0, "answer": t_answer - t_ready, "step": out.stats.step,
@@ -45,9 +46,8 @@ print(json.dumps({"import": t_import - t0, "load": t_load - t_import, "warm_up":
 
 
 def child(background: bool, prompt: str, new: int) -> dict:
-    code = (CHILD.replace("TARGET", repr(TARGET)).replace("BACKGROUND", repr(background))
-            .replace("PROMPT", repr(prompt)).replace("NEW", str(new)))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    args = json.dumps({"target": TARGET, "background": background, "prompt": prompt, "new": new})
+    done = subprocess.run([sys.executable, "-c", CHILD, args], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
