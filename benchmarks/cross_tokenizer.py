@@ -26,6 +26,7 @@ the others.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -214,13 +215,16 @@ def main() -> None:
             elif not torch.equal(seq, ref):
                 rows[name]["mismatch"] += 1
             print(f"prompt {i} {name}: {rows[name]['tps'][-1]:.2f} tok/s", flush=True)
+    def ran(tps: float) -> bool:  # a failed run's tok/s is NaN
+        return not math.isnan(tps)
+
     def mean(xs):  # over the prompts a mode ran (an HF mode may have failed on some)
-        ran = [x for x in xs if x == x]
-        return statistics.mean(ran) if ran else float("nan")
+        done = [x for x in xs if ran(x)]
+        return statistics.mean(done) if done else float("nan")
 
     base = mean(rows["target-only"]["tps"])
     hf_rows = [r for name, r in rows.items() if name.startswith("HF UAD")]
-    both = [i for i in range(len(prompts)) if all(r["tps"][i] == r["tps"][i] for r in hf_rows)]  # HF ran them
+    both = [i for i in range(len(prompts)) if all(ran(r["tps"][i]) for r in hf_rows)]  # HF ran them
 
     def over_both(xs):
         return statistics.mean(xs[i] for i in both) if both else float("nan")
@@ -246,7 +250,7 @@ def main() -> None:
              + (f" The target's last {a.offload_layers} decoder layers offloaded to disk (accelerate's dispatch_model "
                 "and hooks: loaded for every forward), for every mode." if a.offload_layers else ""), "",
              f"Machine: {machine()}.", "",
-             "| mode | tok/s | vs target-only | vs best HF UAD | acceptance | tau | k used | per-position acceptance | c "
+             "| mode | tok/s | vs target-only | vs best HF UAD (prompts it ran) | acceptance | tau | k used | per-position acceptance | c "
              "| mismatches |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
@@ -274,7 +278,7 @@ def main() -> None:
     lines += ["", "Per prompt, tok/s (w: code writing, e: code editing) and the ratio to HF's best UAD on that prompt:", "",
               "| mode | " + " | ".join(f"{first + i} ({'we'[(first + i) % 2]})" for i in range(len(prompts))) + " |",
               "|---|" + "---|" * len(prompts)]
-    best_hf_each = [max((r["tps"][i] for name, r in rows.items() if name.startswith("HF UAD") and r["tps"][i] == r["tps"][i]),
+    best_hf_each = [max((r["tps"][i] for name, r in rows.items() if name.startswith("HF UAD") and ran(r["tps"][i])),
                         default=None)
                     for i in range(len(prompts))]
     for name, r in rows.items():
