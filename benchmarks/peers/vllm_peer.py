@@ -10,6 +10,10 @@ the prompts, every generation timed alone. Run the engines alternately, twice ea
       .venv-vllm/bin/python benchmarks/peers/vllm_peer.py --engine vllm --out /tmp/peer/vllm_$i.json
       python benchmarks/peers/vllm_peer.py --engine specdec --out /tmp/peer/specdec_$i.json
     done
+    LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python benchmarks/peers/vllm_peer.py --engine vllm \
+        --out /tmp/peer/vllm_iomp.json      # vLLM's advice for speculation on a CPU: measured both ways
+    VLLM_CPU_NUM_OF_RESERVED_CPU=0 .venv-vllm/bin/python benchmarks/peers/vllm_peer.py --engine vllm \
+        --out /tmp/peer/vllm_2cores.json    # both cores computing (its default keeps one for the front end)
     python benchmarks/peers/vllm_peer.py --compare /tmp/peer/*.json --out benchmarks/results/vllm_peer.md
 
 Modes: vLLM target-only and n-gram (k = 4); specdec plain with the compiled step, plain bitwise (the
@@ -50,9 +54,14 @@ def run_vllm(a) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir())
     ids = prompts(tok, a.num_prompts)
     params = SamplingParams(temperature=0, max_tokens=a.max_new_tokens, ignore_eos=False)
+    # vLLM asks for Intel's OpenMP preloaded for speculative decoding on a CPU, and by default keeps one of
+    # two cores for its front end (VLLM_CPU_NUM_OF_RESERVED_CPU=0: both compute): each setting its own mode
+    settings = (["libiomp5 preloaded"] if "libiomp5" in os.environ.get("LD_PRELOAD", "") else []) + \
+        ([f"{os.environ['VLLM_CPU_NUM_OF_RESERVED_CPU']} CPUs reserved"] if "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ else [])
+    preloaded = f" ({', '.join(settings)})" if settings else ""
     out = {}
-    for mode, spec in (("vLLM target-only", None),
-                       ("vLLM ngram k=4", {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+    for mode, spec in (("vLLM target-only" + preloaded, None),
+                       ("vLLM ngram k=4" + preloaded, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                            "prompt_lookup_min": 2})):
         llm = LLM(model=model_dir(), dtype="float32", max_model_len=1024, max_num_seqs=1, seed=0,
                   speculative_config=spec)
@@ -135,6 +144,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if a.compare:
         table = compare(a.compare)
+        engines = [json.loads(Path(f).read_text())["engine"] for f in a.compare]
         sys.path.insert(0, str(ROOT))
         from specdec.files import write_text
         from specdec.hf.linear import machine
@@ -147,7 +157,9 @@ def main() -> None:
                         f"single stream. specdec computes on both cores (2 torch threads); vLLM's CPU worker, by its "
                         f"own default on a 2-core machine, computes on one and reserves the other for its front end "
                         f"(`reserve_cpu_num=1` in its log). Each engine run loads, warms up, then times every "
-                        f"generation alone; the engines ran alternately, twice each.\n\nMachine: {machine()}.\n\n"
+                        f"generation alone; the engines ran alternately ({engines.count('specdec')} specdec runs, "
+                        f"{engines.count('vllm')} vLLM runs; the runs' JSON: `results/peers/`).\n\n"
+                        f"Machine: {machine()}.\n\n"
                         f"{table}\n")
         print(table)
         return

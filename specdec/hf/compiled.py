@@ -9,7 +9,7 @@ the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C+
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
 such a machine (`PRODUCT_FORM`) multiplies one or two rows as reductions it vectorises itself (reading
 each weight once for both rows) and 3-16 rows weight-first: a SmolLM2 token 63.5 -> 38.4 ms on an AMD
-EPYC (2 threads, benchmarks/results/compiled_step.md).
+EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md).
 
 What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
