@@ -32,6 +32,7 @@ import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.generation_config import eos_ids  # noqa: E402
+from specdec.hf.linear import machine  # noqa: E402
 from specdec.rows import left_pad  # noqa: E402
 
 
@@ -144,6 +145,7 @@ def main() -> None:
              f"tokens, {a.threads} threads, {a.rounds} rounds, methods alternating within each group after a warm-up. "
              f"Total tokens/s over all groups; specdec drafts with {a.drafter} (adaptive). Planned: the batch "
              "planner's length per live row and step; drafted: what the drafter proposed (a lookup may find less).", "",
+             f"Machine: {machine()}.", "",
              "| B | HF batched tok/s | specdec batched tok/s | vs HF batched | specdec row loop tok/s | batched vs loop "
              "| planned draft length per row-step | drafted per row-step | acceptance | rows differing from their own generation |",
              "|---|---|---|---|---|---|---|---|---|---|"]
