@@ -1,7 +1,9 @@
 """The README and docs/ stay true to the repository: every Python block of the README runs (in order, one
-namespace, as a reader would paste them), every link between them resolves, and every results file they
-cite exists and starts with the command that produced it."""
+namespace, as a reader would paste them), every link between them resolves, every results file they
+cite exists and starts with the command that produced it, and every results file backs something that
+is still said (history no claim rests on goes; git keeps it)."""
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,30 @@ def test_every_cited_results_file_exists_and_starts_with_its_command():
             head = "\n".join(path.read_text().splitlines()[:8])
             assert re.search(r"(python|specdec) [\w/.-]", head), \
                 f"{path.relative_to(ROOT)} does not start with its command (first 8 lines)"
+
+
+def claim_sources() -> list[Path]:
+    """Where a claim can rest on a results file: the pages, the benchmarks' index, the modules' docstrings
+    (a rule measured once, such as hf/packed.py's), the model cards and the benchmark scripts."""
+    return [*DOCS, ROOT / "benchmarks" / "README.md", *sorted((ROOT / "specdec").rglob("*.py")),
+            *sorted((ROOT / "specdec" / "zoo" / "models").glob("*/*.md")), *sorted((ROOT / "benchmarks").rglob("*.py"))]
+
+
+def test_every_results_file_backs_a_claim():
+    text = "\n".join(p.read_text() for p in claim_sources())
+    names = {n.split("results/")[-1] for n in re.findall(r"[\w.*/-]+\.(?:md|json|png)", text)}
+    # a name, or a pattern specific enough to name a family (`linear_rows*.md`), not `*.json` or `real_*.md`
+    cited = {n for n in names if re.match(r"\w{3}", n) and ("*" not in n or n.index("*") >= 8)}
+    folders = set(re.findall(r"results/([\w-]+)/", text))
+    assert cited, "the pattern no longer matches the sources"
+    unbacked = []
+    for f in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
+        rel = f.relative_to(RESULTS).as_posix()
+        report = rel.rsplit(".", 1)[0] + ".md"  # a .json or .png beside the report that cites it
+        if not (any(fnmatch(name, pattern) for pattern in cited for name in (rel, report, f.name))
+                or rel.split("/")[0] in folders):
+            unbacked.append(rel)
+    assert not unbacked, f"results files nothing cites (history: delete them, git keeps it): {unbacked}"
 
 
 def test_every_link_between_the_pages_resolves():
