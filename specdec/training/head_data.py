@@ -111,10 +111,15 @@ FEATURE_BATCH_TOKENS = 4096  # padded positions per teacher-forced forward while
 
 def write_shard(path: Path, seqs: list[tuple[list[int], int, bool]], target, layers, items: int) -> int:
     """seqs: (token ids, loss_from, heldout), built from `items` prompts or chunks -> one shard file; returns
-    its token count. Features come from forwards over batches of similar length (sorted, padded)."""
+    its token count. Features come from forwards over batches of similar length (sorted, padded); a held-out
+    sequence's come from a forward of its own, since a matrix product's rounding depends on the batch's shape
+    and the held-out answers must read the same features in every source's data (eval-00000 or chat-*)."""
     tensors = [torch.tensor(ids, dtype=torch.long) for ids, _, _ in seqs]
     feats: list[torch.Tensor | None] = [None] * len(seqs)
-    order = sorted(range(len(seqs)), key=lambda i: len(tensors[i]))
+    for i, (_, _, held) in enumerate(seqs):  # alone: the same features whichever shard and batch it lands in
+        if held:
+            feats[i] = target_features(target, tensors[i], layers).to(torch.float16).cpu()
+    order = sorted((i for i in range(len(seqs)) if feats[i] is None), key=lambda i: len(tensors[i]))
     group: list[int] = []
     for n, i in enumerate(order):
         group.append(i)
