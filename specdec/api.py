@@ -270,7 +270,7 @@ def generate(model, input_ids=None, drafter=None, *, draft_length="adaptive", ma
     the KV budget in token positions (default: what the generation needs; page tensors grow with the
     sequence either way); a generation that needs more raises PoolExhausted naming it. step: what runs the
     target's forwards: 'auto' (default: the compiled step, hf/compiled.py, for a target of 50 M parameters
-    or more on a CPU, else the lean loop), 'compiled' (for any size) or 'bitwise' (logits bit for bit HF's
+    or more on a CPU whose lean loop has no packed weights, i.e. not an Intel one; else the lean loop), 'compiled' (for any size) or 'bitwise' (logits bit for bit HF's
     eager forward: the lean loop, else HF's modules). Every step gives the target's greedy output and
     samples exactly from the logits it computes; out.stats.step says which ran.
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.hf import compiled
+from specdec.hf import compiled, packed
 from specdec.hf.compiled import BUCKETS, CompiledRunner, auto_compiles, bucket_for, steps_for
 
 from conftest import build, hf_greedy, tiny_vocab_model
@@ -173,6 +173,13 @@ def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch):
 def test_step_choice_and_bad_values(target, monkeypatch):
     monkeypatch.delenv("SPECDEC_COMPILE", raising=False)
     assert not auto_compiles(target, kernel=False)  # small: the lean loop
+    monkeypatch.setattr(compiled, "AUTO_MIN_PARAMS", 0)  # as if large:
+    monkeypatch.setattr(packed, "PACKED", False)
+    assert auto_compiles(target, kernel=False)  # compiled where the lean loop multiplies through F.linear
+    monkeypatch.setattr(packed, "PACKED", True)
+    assert not auto_compiles(target, kernel=False)  # the lean loop where it multiplies through packed weights
+    out = specdec.generate(target, PROMPT, max_new_tokens=4, return_dict_in_generate=True)
+    assert out.stats.step == "lean" and out.stats.compile_s == 0
     monkeypatch.setenv("SPECDEC_COMPILE", "1")
     assert auto_compiles(target, kernel=False) and not auto_compiles(target, kernel=True)
     monkeypatch.setenv("SPECDEC_COMPILE", "maybe")

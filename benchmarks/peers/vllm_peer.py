@@ -16,8 +16,10 @@ the prompts, every generation timed alone. Run the engines alternately, twice ea
         --out /tmp/peer/vllm_2cores.json    # both cores computing (its default keeps one for the front end)
     python benchmarks/peers/vllm_peer.py --compare /tmp/peer/*.json --out benchmarks/results/vllm_peer.md
 
-Modes: vLLM target-only and n-gram (k = 4); specdec plain with the compiled step, plain bitwise (the
-lean loop), the shipped head adaptive and n-gram + head; HF generate() as the common yardstick.
+Modes: vLLM target-only and n-gram (k = 4); specdec plain with its default step (step="auto": which
+step ran is in the table) and with the compiled step, the shipped head adaptive and n-gram + head; HF
+generate() as the common yardstick. Tau and acceptance by position are counted the same way for both
+engines (vLLM's counters: per step that drafted), over the timed generations.
 Prompts: benchmarks/prompts/chat.jsonl in the model's chat template (no training run used them).
 Greedy output is compared token for token with HF's.
 """
@@ -64,8 +66,9 @@ def run_vllm(a) -> dict:
                        ("vLLM ngram k=4" + preloaded, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                            "prompt_lookup_min": 2})):
         llm = LLM(model=model_dir(), dtype="float32", max_model_len=1024, max_num_seqs=1, seed=0,
-                  speculative_config=spec)
+                  speculative_config=spec, disable_log_stats=False)
         llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
+        before = vllm_acceptance(llm)
         out[mode] = []
         for _ in range(a.repeats):
             for p in ids:
@@ -73,8 +76,20 @@ def run_vllm(a) -> dict:
                 res = llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0]
                 dt = time.perf_counter() - t0
                 out[mode].append({"tokens": list(res.outputs[0].token_ids), "seconds": dt})
+        if spec is not None:  # the timed generations' drafting (the counters less the warm-up's), on the last row
+            after = vllm_acceptance(llm)
+            out[mode][-1]["acceptance"] = {"drafting_steps": after[0] - before[0],
+                                           "accepted_by_position": [x - y for x, y in zip(after[1], before[1])]}
         del llm
     return out
+
+
+def vllm_acceptance(llm) -> tuple[int, list[int]]:
+    """vLLM's speculative counters so far: (steps that drafted, accepted drafts at each position)."""
+    metrics = {m.name: m for m in llm.get_metrics()}
+    drafts = metrics.get("vllm:spec_decode_num_drafts")
+    per_pos = metrics.get("vllm:spec_decode_num_accepted_tokens_per_pos")
+    return (int(drafts.value) if drafts else 0), ([int(v) for v in per_pos.values] if per_pos else [])
 
 
 def run_specdec(a) -> dict:
@@ -93,11 +108,12 @@ def run_specdec(a) -> dict:
         return target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=a.max_new_tokens, do_sample=False)
 
     def spec(model):
-        return lambda p: model.generate(p, max_new_tokens=a.max_new_tokens, do_sample=False)
+        return lambda p: model.generate(p, max_new_tokens=a.max_new_tokens, do_sample=False,
+                                        return_dict_in_generate=True)
 
     modes = {"HF generate": hf,
-             "specdec plain (compiled)": spec(specdec.wrap(target, draft_length=0)),
-             "specdec plain bitwise (lean)": spec(specdec.wrap(target, draft_length=0, step="bitwise")),
+             "specdec plain (step auto)": spec(specdec.wrap(target, draft_length=0)),
+             "specdec plain (step compiled)": spec(specdec.wrap(target, draft_length=0, step="compiled")),
              "specdec head adaptive": spec(specdec.wrap(target, drafter=head)),
              "specdec ngram+head adaptive": spec(specdec.wrap(target, drafter=LookupFirst(head)))}
     for run in modes.values():  # warm-up: compiles the step's buckets, probes, packs
@@ -107,8 +123,16 @@ def run_specdec(a) -> dict:
         for p in ids:
             for mode, run in modes.items():
                 t0 = time.perf_counter()
-                seq = run(p)
-                out[mode].append({"tokens": seq[0, p.shape[1]:].tolist(), "seconds": time.perf_counter() - t0})
+                got = run(p)
+                row = {"seconds": time.perf_counter() - t0}
+                if mode == "HF generate":
+                    row["tokens"] = got[0, p.shape[1]:].tolist()
+                else:  # as vLLM counts: steps that drafted, accepted drafts at each position
+                    st = got.stats
+                    row.update(tokens=got.sequences[0, p.shape[1]:].tolist(), step=st.step, acceptance={
+                        "drafting_steps": sum(1 for d in st.draft_lengths if d > 0),
+                        "accepted_by_position": list(st.accepted_by_position)})
+                out[mode].append(row)
     return out
 
 
@@ -118,16 +142,32 @@ def compare(files: list[str]) -> str:
         for mode, rows in json.loads(Path(f).read_text())["modes"].items():
             runs.setdefault(mode, []).append({"file": Path(f).name, "rows": rows})
     ref = runs["HF generate"][0]["rows"]
-    lines = ["| engine, mode | tokens/s per run (all tokens / all seconds) | median | vs HF generate | greedy == HF |",
-             "|---|---|---|---|---|"]
+    lines = ["| engine, mode | tokens/s per run (all tokens / all seconds) | median | vs HF generate | greedy == HF | "
+             "tau (1 + accepted / drafting steps) | acceptance at positions 1, 2, 3, 4 |", "|---|---|---|---|---|---|---|"]
     hf_tps = statistics.median(sum(len(r["tokens"]) for r in run["rows"]) / sum(r["seconds"] for r in run["rows"])
                                for run in runs["HF generate"])
     for mode, group in runs.items():
         tps = [sum(len(r["tokens"]) for r in run["rows"]) / sum(r["seconds"] for r in run["rows"]) for run in group]
         same = all(r["tokens"][:len(h["tokens"])] == h["tokens"] for run in group for r, h in zip(run["rows"], ref))
-        lines.append(f"| {mode} | {', '.join(f'{t:.1f}' for t in tps)} | {statistics.median(tps):.1f} | "
-                     f"{statistics.median(tps) / hf_tps:.2f} | {'yes' if same else '**no**'} |")
+        tau, by_pos = acceptance([r for run in group for r in run["rows"]])
+        steps = sorted({r["step"] for run in group for r in run["rows"] if "step" in r})
+        label = mode + (f" [ran: {', '.join(steps)}]" if steps else "")
+        lines.append(f"| {label} | {', '.join(f'{t:.1f}' for t in tps)} | {statistics.median(tps):.1f} | "
+                     f"{statistics.median(tps) / hf_tps:.2f} | {'yes' if same else '**no**'} | {tau} | {by_pos} |")
     return "\n".join(lines)
+
+
+def acceptance(rows: list[dict]) -> tuple[str, str]:
+    """tau (1 + accepted drafts / steps that drafted) and acceptance at positions 1-4 (accepted at position i /
+    steps that drafted: vLLM's own definition, applied to both engines) over the rows that recorded them."""
+    found = [r["acceptance"] for r in rows if "acceptance" in r]
+    steps = sum(x["drafting_steps"] for x in found)
+    if not steps:
+        return "-", "-"
+    width = max(len(x["accepted_by_position"]) for x in found)
+    per_pos = [sum(x["accepted_by_position"][i] for x in found if i < len(x["accepted_by_position"])) / steps
+               for i in range(width)]
+    return f"{1 + sum(per_pos):.2f}", ", ".join(f"{v:.2f}" for v in per_pos[:4])
 
 
 def main() -> None:

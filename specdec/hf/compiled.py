@@ -48,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
-from . import linear
+from . import linear, packed
 from .attention import specdec_attention
 from .cache import StepMeta
 from .lean import LeanRunner, _select_rows, attend_rows, rope
@@ -259,15 +259,24 @@ STEPS = ("auto", "compiled", "bitwise")
 
 
 def auto_compiles(model, kernel: bool) -> bool:
-    """Does step='auto' compile this target? On a CPU, not on the Triton kernel path, a model of at least
-    AUTO_MIN_PARAMS parameters; SPECDEC_COMPILE=0 turns it off (=1 compiles any size)."""
+    """Does step='auto' compile this target? On a CPU, not on the Triton kernel path, where the lean loop
+    does not multiply through packed weights (hf/packed.py), a model of at least AUTO_MIN_PARAMS
+    parameters; SPECDEC_COMPILE=0 turns it off (=1 compiles any size, on any CPU).
+
+    Where packed weights are on (Intel CPUs), the lean loop is the faster step: inductor cannot call a
+    packed weight that is a graph input (its oneDNN lowering wants a frozen constant), so the graphs go
+    through F.linear, and a SmolLM2 step measured 1.02x the lean loop's time for 1 token, 1.11x / 1.19x
+    for 4 / 8 (float32) and 1.27-1.30x in bfloat16 (benchmarks/results/compiled_step.md): the small ops
+    the graphs fuse save about what their 31 calls a forward cost in dispatch and guards."""
     override = os.environ.get("SPECDEC_COMPILE", "")
     if override not in ("", "0", "1"):
         raise ValueError(f"SPECDEC_COMPILE must be 0 or 1, got {override!r}")
     device = next(model.parameters()).device
     if override == "0" or kernel or device.type != "cpu":
         return False
-    return override == "1" or sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
+    if override == "1":
+        return True
+    return not packed.PACKED and sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMS
 
 
 class CompiledRunner(LeanRunner):
