@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from vllm_peer import specdec_acceptance, vllm_acceptance  # this script's folder: one reading of the counters
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,9 +49,7 @@ def run_vllm(a) -> dict:
                   speculative_config=spec, disable_log_stats=False)
         texts[mode] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
         if spec is not None:
-            counts = {m.name: m for m in llm.get_metrics()}
-            drafts = counts["vllm:spec_decode_num_drafts"].value
-            per_pos = counts["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+            drafts, per_pos = vllm_acceptance(llm)
             accept = [v / max(1, drafts) for v in per_pos]
         del llm
     same = [a_ == b for a_, b in zip(texts["target-only"], texts["eagle3"])]
@@ -73,10 +73,10 @@ def run_specdec(a) -> dict:
         out = specdec.generate(target, torch.tensor([p]), drafter=head, draft_length=a.k, max_new_tokens=a.max_new_tokens,
                                return_dict_in_generate=True)
         tokens.append(out.sequences[0, len(p):].tolist())
-        st = out.stats  # as vLLM counts: accepted at position i / steps that drafted
-        for i, v in enumerate(st.accepted_by_position[:a.k]):
+        counted = specdec_acceptance(out.stats)  # as vLLM counts: accepted at position i / steps that drafted
+        for i, v in enumerate(counted["accepted_by_position"][:a.k]):
             hits[i] += v
-        steps += sum(1 for d in st.draft_lengths if d > 0)
+        steps += counted["drafting_steps"]
     return {"engine": "specdec", "accept_by_position": [h / max(1, steps) for h in hits], "drafting_steps": steps,
             "tokens": tokens}
 

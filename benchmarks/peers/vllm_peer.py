@@ -92,6 +92,12 @@ def vllm_acceptance(llm) -> tuple[int, list[int]]:
     return (int(drafts.value) if drafts else 0), ([int(v) for v in per_pos.values] if per_pos else [])
 
 
+def specdec_acceptance(stats) -> dict:
+    """One generation's drafting as vLLM counts it: steps that drafted, accepted drafts at each position."""
+    return {"drafting_steps": sum(1 for d in stats.draft_lengths if d > 0),
+            "accepted_by_position": list(stats.accepted_by_position)}
+
+
 def run_specdec(a) -> dict:
     import torch
 
@@ -127,11 +133,9 @@ def run_specdec(a) -> dict:
                 row = {"seconds": time.perf_counter() - t0}
                 if mode == "HF generate":
                     row["tokens"] = got[0, p.shape[1]:].tolist()
-                else:  # as vLLM counts: steps that drafted, accepted drafts at each position
-                    st = got.stats
-                    row.update(tokens=got.sequences[0, p.shape[1]:].tolist(), step=st.step, acceptance={
-                        "drafting_steps": sum(1 for d in st.draft_lengths if d > 0),
-                        "accepted_by_position": list(st.accepted_by_position)})
+                else:
+                    row.update(tokens=got.sequences[0, p.shape[1]:].tolist(), step=got.stats.step,
+                               acceptance=specdec_acceptance(got.stats))
                 out[mode].append(row)
     return out
 
