@@ -118,7 +118,8 @@ class Engine:
             if runner is not None:
                 runner.prepare(max_tokens, background=self.background_compile)
         if runner is None and self.lean:
-            runner = LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True)
+            runner = LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True,
+                                           bitwise=self.step == "bitwise")
         return runner or ModelRunner(self.target, pool, table, self.kernel)
 
     def release_cache(self) -> None:

@@ -284,3 +284,22 @@ def test_only_a_lone_token_seeing_every_key_skips_the_mask():
     assert not meta(torch.tril(torch.ones(2, 2, dtype=torch.bool))).unmasked(None)
     packed = meta(one, full_mask=torch.tensor([[1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool))
     assert not packed.unmasked(None)
+
+
+def test_step_bitwise_multiplies_as_hf_does_where_the_machine_rules_would_not(monkeypatch):
+    """step="bitwise" promises HF's logits bit for bit: its runner keeps F.linear's kernel even where this
+    machine's rules would multiply short blocks weight-first (hf/linear.py) or through packed weights
+    (hf/packed.py); the control, the engine's default lean runner with both rules on, differs."""
+    import specdec.hf.lean as lean
+    from specdec.hf import linear, packed
+
+    monkeypatch.setattr(linear, "WEIGHT_FIRST_MAX_ROWS", linear.SHORT_BLOCK_ROWS)
+    monkeypatch.setattr(packed, "PACKED", torch.backends.mkldnn.is_available())
+    model = build("llama", seed=3, layers=3)
+    tokens = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(5))
+    chunks = [11, 5, 1, 4, 3]
+    bitwise = lambda m, pool, table: lean.LeanRunner.for_model(m, pool, table, exact=True, bitwise=True)  # noqa: E731
+    default = lambda m, pool, table: lean.LeanRunner.for_model(m, pool, table, exact=True)  # noqa: E731
+    ref = _logits(ModelRunner, model, tokens, chunks)
+    assert torch.equal(_logits(bitwise, model, tokens, chunks), ref)
+    assert not torch.equal(_logits(default, model, tokens, chunks), ref)

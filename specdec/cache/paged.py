@@ -44,14 +44,23 @@ class PagedKV:
         """Slots the page tensors hold now (the largest layer's)."""
         return max((k.shape[0] for k in self.k if k is not None), default=0)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots: [n] int64; k, v: [1, H, n, D] (HF layout)."""
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              span: slice | None = None) -> None:
+        """slots: [n] int64; k, v: [1, H, n, D] (HF layout). span: the same slots as a slice, where they are
+        consecutive (BlockTable.span): a plain copy instead of index_copy_."""
         self._grow(layer, k)
+        if span is not None:
+            self.k[layer][span].copy_(k[0].transpose(0, 1))
+            self.v[layer][span].copy_(v[0].transpose(0, 1))
+            return
         self.k[layer].index_copy_(0, slots, k[0].transpose(0, 1))
         self.v[layer].index_copy_(0, slots, v[0].transpose(0, 1))
 
-    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """slots: [T] int64 -> k, v: [1, H, T, D]."""
+    def gather(self, layer: int, slots: torch.Tensor, span: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """slots: [T] int64 -> k, v: [1, H, T, D]. span: the same slots as a slice, where they are consecutive
+        (BlockTable.span): views of the pages, no copy (the same values and strides as the gathered copy)."""
+        if span is not None:
+            return self.k[layer][span].transpose(0, 1).unsqueeze(0), self.v[layer][span].transpose(0, 1).unsqueeze(0)
         k = self.k[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
         v = self.v[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
         return k, v

@@ -115,6 +115,23 @@ class BlockTable:
             self._slots = to_device((pages[:, None] * ps + torch.arange(ps)).flatten(), torch.long, self.device)
         return self._slots[start:end]
 
+    def span(self, start: int, end: int) -> slice | None:
+        """The flat slots of positions [start, end) as one slice where they lie on consecutive pages (a
+        single sequence's pages usually do: the pool hands out low ids first), else None. Reading or
+        writing the KV through a slice is a view or a plain copy instead of an index_select / index_copy_
+        (the same values)."""
+        if end > self.capacity:
+            raise ValueError(f"positions up to {end} requested, only {self.capacity} reserved")
+        if start >= end:
+            return None
+        ps, pages = self.pool.page_size, self.pages
+        first, last = start // ps, (end - 1) // ps
+        if pages[last] - pages[first] != last - first or any(
+                pages[i + 1] != pages[i] + 1 for i in range(first, last)):
+            return None
+        base = pages[first] * ps - first * ps
+        return slice(base + start, base + end)
+
     def block_table_tensor(self) -> torch.Tensor:
         """[num_pages_held] int32 page ids, for kernels."""
         return to_device(self.pages, torch.int32, self.device)

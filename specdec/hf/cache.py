@@ -78,6 +78,9 @@ class StepMeta:
     read_pos: torch.Tensor | None = None
     rows: RowLayout | None = None
     kernel_rows: object = None  # a packed batch on the kernel path: kernels.tree_rows.KernelRows
+    # write_slots / read_slots as slices where they are consecutive (BlockTable.span), else None
+    write_span: slice | None = None
+    read_span: slice | None = None
     calls: int = 0
     writes: int = 0  # PagedCache.update calls: a model that kept its keys in a cache of its own wrote none
     _masks: dict = field(default_factory=dict)
@@ -146,12 +149,12 @@ class PagedCache(Cache):
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         meta = self.meta
         meta.writes += 1
-        self.kv.write(layer_idx, meta.write_slots, key_states, value_states)
+        self.kv.write(layer_idx, meta.write_slots, key_states, value_states, meta.write_span)
         if meta.kernel:
             return self.kv.pages_view(layer_idx)
         if meta.rows is not None:  # a packed batch laid out padded: [B, Hkv, T_max, D]
             return self.kv.gather_rows(layer_idx, meta.rows.k_slots)
-        return self.kv.gather(layer_idx, meta.read_slots)
+        return self.kv.gather(layer_idx, meta.read_slots, meta.read_span)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.meta.prefix_len if self.meta is not None else 0

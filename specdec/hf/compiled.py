@@ -436,10 +436,10 @@ class CompiledRunner(LeanRunner):
         """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages.
         A packed batch laid out padded (meta.rows) attends row by row in one call, as the lean loop does."""
         n, layer = q.shape[0], self.layers[i]
-        self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta.write_span)
         if meta.rows is not None:
             return attend_rows(self.kv, i, q, meta.rows, layer.sliding_window, layer.scaling)
-        keys, vals = self.kv.gather(i, meta.read_slots)  # [1, Hkv, T, D]
+        keys, vals = self.kv.gather(i, meta.read_slots, meta.read_span)  # [1, Hkv, T, D]
         mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
         att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, vals, attn_mask=mask,
                                              scale=layer.scaling, enable_gqa=self.hq != self.hkv)

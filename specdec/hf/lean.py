@@ -45,7 +45,7 @@ from ..cache.pool import BlockTable, PagePool
 from ..quantize import QuantizedLinear, joined
 from .cache import StepMeta
 from . import linear, packed as packed_path
-from .linear import weight_first_rows
+from .linear import bound_linear, weight_first_rows
 from .packed import PackedLinear, PackedQuantizedLinear, can_pack, can_pack_quantized
 from .runner import ModelRunner
 
@@ -60,14 +60,14 @@ def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.T
     weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short float32
     blocks weight-first (hf/linear.py); packed: blocks past hf/packed.py's row count through the weight
     packed for oneDNN. Both False: F.linear throughout, as HF's modules do."""
-    multiply = weight_first_rows if short_blocks else F.linear
     if isinstance(m, QuantizedLinear):
         return PackedQuantizedLinear(m) if packed and can_pack_quantized(m) else m.bound_forward()
     if type(m) is not nn.Linear:
         raise TypeError(f"unsupported linear {type(m).__name__}")
+    plain = (lambda x: weight_first_rows(x, m.weight, m.bias)) if short_blocks else bound_linear(m.weight, m.bias)
     if packed and can_pack(m.weight):
-        return PackedLinear(m, multiply)
-    return lambda x: multiply(x, m.weight, m.bias)
+        return PackedLinear(m, plain)
+    return plain
 
 
 class _Layer:
@@ -96,10 +96,13 @@ class _Layer:
 
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op."""
+    """transformers' LlamaRMSNorm, bit for bit: weight * (h * rsqrt(mean(h ** 2) + eps)) with h = x in
+    float32, in five ops instead of seven (h * h is pow(h, 2)'s own kernel; the sum and the scale in place
+    where no copy is shared; weight * h == h * weight exactly)."""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(torch.mean(h * h, -1, keepdim=True).add_(norm.variance_epsilon))
+    h = h.to(x.dtype)
+    return h.mul_(norm.weight) if norm.weight.dtype == h.dtype else norm.weight * h
 
 
 def _norm(norm: nn.Module, fused: bool) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -155,10 +158,11 @@ class LeanRunner(ModelRunner):
 
     @classmethod
     def for_model(cls, model, pool: PagePool, table: BlockTable, kernel: bool = False,
-                  exact: bool = False) -> "LeanRunner | None":
+                  exact: bool = False, bitwise: bool = False) -> "LeanRunner | None":
         """A LeanRunner if `model` is supported and reproduces its HF forward on the probe (bit for bit if
-        `exact`), else None; fused unless `exact`. Not on the kernel path (the Triton kernels read the pages
-        themselves)."""
+        `exact`), else None; fused unless `exact`. bitwise (step="bitwise"): every product through F.linear's
+        own kernel, as HF's modules multiply (no weight-first or packed blocks), so every forward's logits
+        are bit for bit HF's. Not on the kernel path (the Triton kernels read the pages themselves)."""
         if kernel or type(model).__name__ not in SUPPORTED or not _static_rope(model):
             return None
         if any(q.device.type == "meta" for q in model.parameters()):  # offloaded by accelerate (hf/offload.py):
@@ -171,6 +175,8 @@ class LeanRunner(ModelRunner):
                 verdicts[key] = _probe(model)
             except (AttributeError, TypeError, RuntimeError, ValueError):
                 verdicts[key] = "no"
+        if bitwise:
+            return cls(model, pool, table, kernel, short_blocks=False, packed=False) if verdicts[key] == "exact" else None
         if verdicts[key] == "exact" or (verdicts[key] == "close" and not exact):
             return cls(model, pool, table, kernel, fused=not exact)
         return None
@@ -198,7 +204,9 @@ class LeanRunner(ModelRunner):
         end = start + b
         self.table.reserve(end)
         meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
-                        read_slots=self.table.slots(0, end), tree_mask=tree_mask, q_pos=positions, block_pos=block_pos)
+                        read_slots=self.table.slots(0, end), tree_mask=tree_mask,
+                        write_span=self.table.span(end - n, end), read_span=self.table.span(0, end),
+                        q_pos=positions, block_pos=block_pos)
         x = self.embed(tokens) if hidden is None else hidden  # [n, H]
         # a node's position is start + its depth (< b): end + 1 bounds every position
         return self.run_meta(x, meta, end + 1, logits_rows, start_layer if hidden is not None else 0)
@@ -224,11 +232,11 @@ class LeanRunner(ModelRunner):
             else:
                 q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
                 q, k = rope(q, cos, sin), rope(k, cos, sin)
-            self.kv.write(i, write, k, v)
+            self.kv.write(i, write, k, v, meta.write_span)
             if rows is not None:  # a packed batch: every row against its own keys, in one call
                 x = x + L.o(attend_rows(self.kv, i, q[0].transpose(0, 1), rows, L.sliding_window, L.scaling))
             else:
-                keys, vals = self.kv.gather(i, read)  # [1, Hkv, T, D]
+                keys, vals = self.kv.gather(i, read, meta.read_span)  # [1, Hkv, T, D]
                 # the same mask the HF path passes (bit-identical attention needs it)
                 mask = None if self.fused and meta.unmasked(L.sliding_window) else meta.mask_for(L.sliding_window)
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask,

@@ -31,6 +31,7 @@ number of rows, x.numel() / in.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +86,16 @@ def weight_first_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     if bias is not None:
         y = y + bias
     return y.contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+def bound_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """F.linear(x, weight, bias) for x [n, in], the weight's transposed view taken once: the torch.mm /
+    torch.addmm that F.linear itself calls for a 2-D input (the same numbers, bit for bit), without its
+    three dispatch layers per call (about 0.6 ms of a SmolLM2 step's 210 products)."""
+    wt = weight.t()
+    if bias is None:
+        return lambda x: torch.mm(x, wt)
+    return lambda x: torch.addmm(bias, x, wt)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

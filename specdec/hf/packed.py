@@ -149,16 +149,16 @@ def packed_dequantized(linear: QuantizedLinear) -> torch.Tensor:
 
 class PackedLinear:
     """x [n, in] -> [n, out]: blocks of FROM_ROWS[dtype] rows or more through the packed weight, shorter
-    ones through `short` (F.linear, or the weight-first product), called as short(x, weight, bias)."""
+    ones through `short` (x -> F.linear(x, weight, bias), or the weight-first product)."""
 
-    def __init__(self, linear: nn.Linear, short: Callable):
-        self.weight, self.bias, self.short = linear.weight, linear.bias, short
+    def __init__(self, linear: nn.Linear, short: Callable[[torch.Tensor], torch.Tensor]):
+        self.bias, self.short = linear.bias, short
         self.packed = packed_weight(linear)
         self.from_rows = FROM_ROWS[linear.weight.dtype]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < self.from_rows:
-            return self.short(x, self.weight, self.bias)
+            return self.short(x)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
 
 

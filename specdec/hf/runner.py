@@ -158,7 +158,8 @@ class ModelRunner:
         end = start + b
         self.table.reserve(end)
         meta = StepMeta(prefix_len=start, write_slots=self.table.slots(end - n, end),
-                        read_slots=self.table.slots(0, end), tree_mask=tree_mask, q_pos=positions,
+                        read_slots=self.table.slots(0, end), tree_mask=tree_mask,
+                        write_span=self.table.span(end - n, end), read_span=self.table.span(0, end), q_pos=positions,
                         kernel=self.kernel, block_table=self.table.block_table_tensor() if self.kernel else None,
                         block_pos=block_pos)
         self.cache.meta = meta
