@@ -88,3 +88,35 @@ def test_paged_kv_matches_a_dense_cache(page_size, chunks, cut, seed):
         assert torch.equal(kv.k[0][dst], before)
     table.release()
     assert pool.num_free == pool.num_pages
+
+
+def test_span_is_the_slots_as_a_slice_only_where_the_pages_are_consecutive():
+    pool = PagePool(8, 4)
+    a = BlockTable(pool)
+    a.reserve(10)  # pages 0, 1, 2
+    assert a.span(0, 10) == slice(0, 10) and a.span(5, 9) == slice(5, 9)
+    other, b = BlockTable(pool), BlockTable(pool)
+    other.reserve(4)  # page 3
+    b.reserve(4)  # page 4
+    other.release()
+    a.reserve(14)  # page 3: a is 0, 1, 2, 3, still consecutive
+    b.reserve(9)  # pages 4, 5, 6
+    a.reserve(17)  # page 7
+    assert a.pages == [0, 1, 2, 3, 7] and a.span(0, 16) == slice(0, 16)
+    assert a.span(0, 17) is None and a.span(15, 17) is None and a.span(16, 17) == slice(28, 29)
+    for table in (a, b):  # wherever a span is given, it addresses the very slots the tensor does
+        for start in range(table.length):
+            for end in range(start + 1, table.length + 1):
+                span = table.span(start, end)
+                if span is not None:
+                    assert torch.equal(torch.arange(span.start, span.stop), table.slots(start, end))
+    kv = PagedKV(pool, 1)
+    k, v = torch.randn(1, 2, 17, 3), torch.randn(1, 2, 17, 3)
+    kv.write(0, a.slots(0, 16), k[:, :, :16], v[:, :, :16], a.span(0, 16))  # a plain copy
+    kv.write(0, a.slots(16, 17), k[:, :, 16:], v[:, :, 16:])  # index_copy_
+    got_k, got_v = kv.gather(0, a.slots(0, 17))
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+    view_k, view_v = kv.gather(0, a.slots(0, 16), a.span(0, 16))
+    assert torch.equal(view_k, k[:, :, :16]) and torch.equal(view_v, v[:, :, :16])
+    with pytest.raises(ValueError, match="reserved"):
+        a.span(0, 21)

@@ -303,3 +303,32 @@ def test_step_bitwise_multiplies_as_hf_does_where_the_machine_rules_would_not(mo
     ref = _logits(ModelRunner, model, tokens, chunks)
     assert torch.equal(_logits(bitwise, model, tokens, chunks), ref)
     assert not torch.equal(_logits(default, model, tokens, chunks), ref)
+
+
+def test_pages_scattered_across_the_pool_give_the_same_logits_bit_for_bit():
+    """A sequence on consecutive pages reads its KV as views of them (BlockTable.span); one whose pages are
+    scattered gathers them: the same logits either way, through the lean loop and the HF modules."""
+    model = build("llama", seed=2, layers=2)
+    tokens = torch.randint(3, VOCAB, (26,), generator=torch.Generator().manual_seed(6))
+    chunks = [9, 1, 4, 1, 6, 5]
+
+    def run(cls, scatter: bool):
+        pool = PagePool(16, 4)
+        others = [BlockTable(pool) for _ in range(6)]
+        table, runner = BlockTable(pool), None
+        runner = cls(model, pool, table)
+        out, at = [], 0
+        with specdec_attention(model):
+            for size in chunks:
+                if scatter:  # another sequence takes the next page before this one grows
+                    others[len(out)].reserve(1)
+                out.append(runner.forward(tokens[at:at + size], logits_rows=None))
+                at += size
+        spans = table.span(0, table.length)
+        return torch.cat(out), spans
+
+    for cls in (_hf_order_lean, ModelRunner):
+        together, span = run(cls, False)
+        scattered, none = run(cls, True)
+        assert span is not None and none is None  # the two layouts really differ
+        assert torch.equal(together, scattered)

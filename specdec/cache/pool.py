@@ -126,8 +126,7 @@ class BlockTable:
             return None
         ps, pages = self.pool.page_size, self.pages
         first, last = start // ps, (end - 1) // ps
-        if pages[last] - pages[first] != last - first or any(
-                pages[i + 1] != pages[i] + 1 for i in range(first, last)):
+        if any(pages[i + 1] != pages[i] + 1 for i in range(first, last)):
             return None
         base = pages[first] * ps - first * ps
         return slice(base + start, base + end)
