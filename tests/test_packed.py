@@ -205,3 +205,48 @@ def test_a_quantized_draft_prefills_through_dequantized_weights_with_the_hf_modu
     top2 = ref.topk(2, dim=-1).values
     clear = top2[:, 0] - top2[:, 1] > 2 * tol  # rows without a near-tie (bfloat16 may swap those)
     assert clear.sum() >= 20 and torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("bias", [False, True])
+def test_joined_linears_give_each_parts_numbers_in_one_product(bias):
+    """q, k and v (gate and up) of a bfloat16 model as one packed product (PackedJoined): each part's columns
+    are that part's product to rounding (bit for bit on the Xeon measured, for blocks up to 64 rows), packed
+    once; what cannot join is refused."""
+    from specdec.hf.packed import PackedJoined, can_join
+
+    parts = [_linear(o, 48, bias, torch.bfloat16, seed=o) for o in (48, 16, 16)]
+    fast = PackedJoined(parts)
+    assert PackedJoined(parts).packed is fast.packed  # packed once, reused
+    for rows in (1, 3, 4, 17):
+        x = torch.randn(rows, 48, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        got = fast(x)
+        assert got.shape == (rows, 80)
+        for part, cols in zip(parts, got.split([48, 16, 16], dim=1)):
+            assert torch.allclose(cols.float(), F.linear(x, part.weight, part.bias).float(), atol=2e-2, rtol=2e-2)
+    with torch.no_grad():
+        parts[1].weight.mul_(2)  # changed in place: packed again
+    again = PackedJoined(parts)
+    assert again.packed is not fast.packed
+    x = torch.randn(2, 48).to(torch.bfloat16)
+    assert torch.allclose(again(x)[:, 48:64].float(), F.linear(x, parts[1].weight, parts[1].bias).float(),
+                          atol=2e-2, rtol=2e-2)
+    assert not can_join([_linear(8, 48, bias, torch.float32), _linear(8, 48, bias, torch.float32)])  # short blocks: F.linear
+    assert not can_join([parts[0], _linear(8, 40, bias, torch.bfloat16)])  # another input width
+    assert not can_join([parts[0], _linear(8, 48, not bias, torch.bfloat16)])  # a bias on one only
+    with pytest.raises(ValueError, match="join"):
+        PackedJoined([parts[0], _linear(8, 40, bias, torch.bfloat16)])
+
+
+@needs_bf16_packing
+def test_a_bfloat16_lean_loop_joins_its_products_and_keeps_the_hf_modules_tokens():
+    model = build("qwen2", seed=4).to(torch.bfloat16)  # Qwen2: q/k/v with biases
+    pool = PagePool(8, 8)
+    runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=True)
+    assert all(L.qkv is not None and L.gate_up is not None and L.q is None for L in runner.layers)
+    tokens = torch.randint(3, VOCAB, (20,), generator=torch.Generator().manual_seed(3))
+    chunks = [9, 1, 4, 1, 5]
+    ref = _logits(ModelRunner, model, tokens, chunks)
+    got = _logits(lambda *a: LeanRunner(*a, short_blocks=False, packed=True), model, tokens, chunks)
+    assert torch.equal(ref.argmax(-1), got.argmax(-1))
+    assert torch.allclose(ref, got, atol=5e-2, rtol=5e-2)

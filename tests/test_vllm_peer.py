@@ -26,6 +26,13 @@ pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=(
     "(or set SPECDEC_VLLM_PYTHON)"))
 
 
+def _run(cmd: list[str], cwd: Path) -> None:
+    """Run an engine's script; on failure, fail with the end of what it printed (an engine's own error)."""
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, (f"{Path(cmd[0]).name} {Path(cmd[1]).name} exited {done.returncode}:\n"
+                                  f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+
+
 def test_vllm_drafts_with_an_exported_head_exactly_and_accepts_what_specdec_accepts(tmp_path):
     target, tok = specdec.zoo.load("target")
     a = trainer_args(tmp_path, "e3", arch="eagle3", steps=200, num_prompts=60, max_new_tokens=48, lr=3e-3,
@@ -35,10 +42,8 @@ def test_vllm_drafts_with_an_exported_head_exactly_and_accepts_what_specdec_acce
     script = ROOT / "benchmarks" / "peers" / "vllm_eagle3.py"
     common = ["--target", str(specdec.zoo.path("target")), "--head", str(exported), "--k", "3",
               "--num-prompts", "4", "--max-new-tokens", "48"]
-    subprocess.run([str(VLLM_PYTHON), str(script), *common, "--out", str(tmp_path / "vllm.json")], check=True,
-                   cwd=tmp_path, capture_output=True, timeout=1200)
-    subprocess.run([sys.executable, str(script), "--specdec", *common, "--out", str(tmp_path / "specdec.json")],
-                   check=True, capture_output=True, timeout=1200)
+    _run([str(VLLM_PYTHON), str(script), *common, "--out", str(tmp_path / "vllm.json")], cwd=tmp_path)
+    _run([sys.executable, str(script), "--specdec", *common, "--out", str(tmp_path / "specdec.json")], cwd=tmp_path)
     vllm = json.loads((tmp_path / "vllm.json").read_text())
     ours = json.loads((tmp_path / "specdec.json").read_text())
     assert all(vllm["greedy_equal"])  # vLLM's own target-only greedy, token for token

@@ -1,4 +1,5 @@
-"""vLLM's CPU build and specdec on the same machine, prompts and float32 weights, single stream.
+"""vLLM's CPU build and specdec on the same machine, prompts and weights (float32, or `--dtype bfloat16`),
+single stream.
 
 vLLM lives in its own virtual environment (benchmarks/peers/make_vllm_venv.sh: it pins an older
 transformers), so each engine runs in its own process and writes what it measured; `--compare` renders
@@ -65,7 +66,7 @@ def run_vllm(a) -> dict:
     for mode, spec in (("vLLM target-only" + preloaded, None),
                        ("vLLM ngram k=4" + preloaded, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                            "prompt_lookup_min": 2})):
-        llm = LLM(model=model_dir(), dtype="float32", max_model_len=1024, max_num_seqs=1, seed=0,
+        llm = LLM(model=model_dir(), dtype=a.dtype, max_model_len=1024, max_num_seqs=1, seed=0,
                   speculative_config=spec, disable_log_stats=False)
         llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
         before = vllm_acceptance(llm)
@@ -106,7 +107,7 @@ def run_specdec(a) -> dict:
     from specdec.drafters import FeatureHead, LookupFirst
 
     torch.set_num_threads(a.threads)
-    target, tok = zoo.load(TARGET)
+    target, tok = zoo.load(TARGET, dtype=getattr(torch, a.dtype))
     ids = [torch.tensor([p]) for p in prompts(tok, a.num_prompts)]
     head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(TARGET)), target)
 
@@ -182,13 +183,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="the weights' dtype, the same for every engine and mode")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if a.compare:
         table = compare(a.compare)
-        engines = [json.loads(Path(f).read_text())["engine"] for f in a.compare]
+        runs = [json.loads(Path(f).read_text()) for f in a.compare]
+        engines = [r["engine"] for r in runs]
+        dtypes = sorted({r["args"].get("dtype", "float32") for r in runs})
+        if len(dtypes) > 1:
+            raise SystemExit(f"runs of different dtypes cannot share a table: {dtypes}")
         sys.path.insert(0, str(ROOT))
         from specdec.files import write_text
         from specdec.hf.linear import machine
@@ -197,7 +204,7 @@ def main() -> None:
                         f"--compare {' '.join(Path(f).name for f in a.compare)}` over engine runs of "
                         f"`vllm_peer.py --engine vllm|specdec --num-prompts {a.num_prompts} --max-new-tokens "
                         f"{a.max_new_tokens} --repeats {a.repeats}` (module docstring: the loop that alternates "
-                        f"them).\n\n{TARGET} float32, benchmarks/prompts/chat.jsonl in the chat template, greedy, "
+                        f"them).\n\n{TARGET} {dtypes[0]}, benchmarks/prompts/chat.jsonl in the chat template, greedy, "
                         f"single stream. specdec computes on both cores (2 torch threads); vLLM's CPU worker, by its "
                         f"own default on a 2-core machine, computes on one and reserves the other for its front end "
                         f"(`reserve_cpu_num=1` in its log). Each engine run loads, warms up, then times every "

@@ -15,7 +15,9 @@ CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), float32 bl
 multiply weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
 cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
 through weights packed once for oneDNN (hf/packed.py: float32 differs in the last bits, bfloat16 gives
-the same numbers; a 4-8 token verification costs about one token's forward). `LeanRunner.for_model`
+the same numbers; a 4-8 token verification costs about one token's forward), and a bfloat16 model's q/k/v
+and gate/up there as one packed product each (PackedJoined: the same numbers for short blocks, last bits
+in a long prefill). step="bitwise" turns all of these off (for_model(bitwise=True)). `LeanRunner.for_model`
 checks the rest on a probe sequence, once per model, dtype and device, and returns None (the caller
 keeps the HF path) for any model it does not reproduce: an unsupported architecture or config option,
 a hook. With exact=True (the target: its logits decide the output) the
@@ -46,7 +48,7 @@ from ..quantize import QuantizedLinear, joined
 from .cache import StepMeta
 from . import linear, packed as packed_path
 from .linear import bound_linear, weight_first_rows
-from .packed import PackedLinear, PackedQuantizedLinear, can_pack, can_pack_quantized
+from .packed import PackedJoined, PackedLinear, PackedQuantizedLinear, can_join, can_pack, can_pack_quantized
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -71,10 +73,11 @@ def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.T
 
 
 class _Layer:
-    """One decoder layer's forwards, bound once. fused (LeanRunner's): torch's RMSNorm, and q/k/v and
-    gate/up of a quantized draft as one product each where they join (quantize.joined): qkv [n, H] ->
-    [n, (Hq + 2 Hkv) * D] and gate_up [n, H] -> [n, 2 I] (gate's I columns first), with q, k, v, gate and
-    up None; else qkv and gate_up are None."""
+    """One decoder layer's forwards, bound once. q/k/v and gate/up as one product each where they join: a
+    quantized draft's under fused (quantize.joined; fused also takes torch's RMSNorm), or weights packed for
+    every block (packed, hf/packed.py PackedJoined: the same numbers): qkv [n, H] -> [n, (Hq + 2 Hkv) * D]
+    and gate_up [n, H] -> [n, 2 I] (gate's I columns first), with q, k, v, gate and up None; else qkv and
+    gate_up are None."""
 
     def __init__(self, layer, short_blocks: bool, packed: bool, fused: bool = False):
         attn, mlp = layer.self_attn, layer.mlp
@@ -82,6 +85,10 @@ class _Layer:
         qkv, gate_up = (joined([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None,
                         joined([mlp.gate_proj, mlp.up_proj]) if fused else None)
         self.qkv, self.gate_up = lin(qkv), lin(gate_up)
+        if packed and qkv is None and can_join([attn.q_proj, attn.k_proj, attn.v_proj]):
+            qkv = self.qkv = PackedJoined([attn.q_proj, attn.k_proj, attn.v_proj])
+        if packed and gate_up is None and can_join([mlp.gate_proj, mlp.up_proj]):
+            gate_up = self.gate_up = PackedJoined([mlp.gate_proj, mlp.up_proj])
         self.q, self.k, self.v = ((None, None, None) if qkv else
                                   (lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
         self.gate, self.up = (None, None) if gate_up else (lin(mlp.gate_proj), lin(mlp.up_proj))
