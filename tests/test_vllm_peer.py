@@ -27,10 +27,12 @@ pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=(
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
-    """Run an engine's script; on failure, fail with the end of what it printed (an engine's own error)."""
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, (f"{Path(cmd[0]).name} {Path(cmd[1]).name} exited {done.returncode}:\n"
-                                  f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    """Run an engine's script; on failure, fail with the engine's own error lines (vLLM's workers print theirs
+    to stdout, in the middle of the output) and the end of its stderr."""
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if "Error" in line or "ERROR" in line]
+    assert done.returncode == 0, (f"{Path(cmd[1]).name} exited {done.returncode}:\n" + "\n".join(errors[-12:])
+                                  + f"\n... {done.stderr[-3000:]}")
 
 
 def test_vllm_drafts_with_an_exported_head_exactly_and_accepts_what_specdec_accepts(tmp_path):

@@ -21,6 +21,10 @@ from vllm_peer import specdec_acceptance, vllm_acceptance  # this script's folde
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# vLLM's CPU backend otherwise reserves 92 % of the machine's memory and refuses to start where other processes
+# hold more than 8 % (a test suite's second worker, seen here): an explicit KV budget, ample for one sequence of
+# 1024 tokens (SmolLM2: 47 MB), takes that check away and changes nothing in how vLLM computes
+KV_CACHE_BYTES = 1 << 30
 
 def prompt_ids(tok, n: int) -> list[list[int]]:
     rows = [json.loads(line) for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines() if line]
@@ -46,6 +50,7 @@ def run_vllm(a) -> dict:
     for mode, spec in (("target-only", None),
                        ("eagle3", {"method": "eagle3", "model": a.head, "num_speculative_tokens": a.k})):
         llm = LLM(model=a.target, dtype="float32", max_model_len=1024, max_num_seqs=1, seed=0,
+                  kv_cache_memory_bytes=KV_CACHE_BYTES,
                   speculative_config=spec, disable_log_stats=False)
         texts[mode] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
         if spec is not None:
