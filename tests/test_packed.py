@@ -104,8 +104,11 @@ def test_the_lean_loop_through_packed_weights_keeps_the_hf_modules_numbers_and_t
     for packed_on in (True, False):
         pool = PagePool(8, 8)
         runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=False, packed=packed_on)
-        linears = (runner.layers[0].q, runner.layers[-1].down, runner.head)
+        linears = (runner.layers[0].o, runner.layers[-1].down, runner.head)
         assert all(isinstance(lin, PackedLinear) == packed_on for lin in linears)
+        # float32 q/k/v and gate/up: joined for blocks of FROM_ROWS rows or more, part by part below
+        assert all((L.qkv_long is not None and L.gate_up_long is not None) == packed_on for L in runner.layers)
+        assert all(not isinstance(f, PackedLinear) for f in (runner.layers[0].q, runner.layers[0].up))
 
 
 def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
@@ -114,7 +117,8 @@ def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
         monkeypatch.setattr(packed, "PACKED", rule)
         pool = PagePool(4, 8)
         runner = LeanRunner(model, pool, BlockTable(pool))
-        assert isinstance(runner.layers[0].up, PackedLinear) == rule
+        assert isinstance(runner.layers[0].down, PackedLinear) == rule
+        assert (runner.layers[0].gate_up_long is not None) == rule
         for quantized in (int8_draft(model), int4_draft(model)):
             runner = LeanRunner(quantized, pool, BlockTable(pool))  # computes in bfloat16: packs where it can
             assert isinstance(runner.layers[0].up, PackedQuantizedLinear) == (rule and BF16)
@@ -231,7 +235,7 @@ def test_joined_linears_give_each_parts_numbers_in_one_product(bias):
     x = torch.randn(2, 48).to(torch.bfloat16)
     assert torch.allclose(again(x)[:, 48:64].float(), F.linear(x, parts[1].weight, parts[1].bias).float(),
                           atol=2e-2, rtol=2e-2)
-    assert not can_join([_linear(8, 48, bias, torch.float32), _linear(8, 48, bias, torch.float32)])  # short blocks: F.linear
+    assert not can_join([parts[0], _linear(8, 48, bias, torch.float32)])  # another dtype
     assert not can_join([parts[0], _linear(8, 40, bias, torch.bfloat16)])  # another input width
     assert not can_join([parts[0], _linear(8, 48, not bias, torch.bfloat16)])  # a bias on one only
     with pytest.raises(ValueError, match="join"):

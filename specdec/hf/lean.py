@@ -15,9 +15,9 @@ CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), float32 bl
 multiply weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
 cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
 through weights packed once for oneDNN (hf/packed.py: float32 differs in the last bits, bfloat16 gives
-the same numbers; a 4-8 token verification costs about one token's forward), and a bfloat16 model's q/k/v
-and gate/up there as one packed product each (PackedJoined: the same numbers for short blocks, last bits
-in a long prefill). step="bitwise" turns all of these off (for_model(bitwise=True)). `LeanRunner.for_model`
+the same numbers; a 4-8 token verification costs about one token's forward), with q/k/v and gate/up on
+that path as one packed product each (PackedJoined: the same numbers, but for a bfloat16 long prefill's
+last bits). step="bitwise" turns all of these off (for_model(bitwise=True)). `LeanRunner.for_model`
 checks the rest on a probe sequence, once per model, dtype and device, and returns None (the caller
 keeps the HF path) for any model it does not reproduce: an unsupported architecture or config option,
 a hook. With exact=True (the target: its logits decide the output) the
@@ -48,7 +48,7 @@ from ..quantize import QuantizedLinear, joined
 from .cache import StepMeta
 from . import linear, packed as packed_path
 from .linear import bound_linear, weight_first_rows
-from .packed import PackedJoined, PackedLinear, PackedQuantizedLinear, can_join, can_pack, can_pack_quantized
+from .packed import FROM_ROWS, PackedJoined, PackedLinear, PackedQuantizedLinear, can_join, can_pack, can_pack_quantized
 from .runner import ModelRunner
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -74,8 +74,9 @@ def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.T
 
 class _Layer:
     """One decoder layer's forwards, bound once. q/k/v and gate/up as one product each where they join: a
-    quantized draft's under fused (quantize.joined; fused also takes torch's RMSNorm), or weights packed for
-    every block (packed, hf/packed.py PackedJoined: the same numbers): qkv [n, H] -> [n, (Hq + 2 Hkv) * D]
+    quantized draft's under fused (quantize.joined; fused also takes torch's RMSNorm), or packed weights
+    (packed, hf/packed.py PackedJoined; for float32 only blocks of long_from rows or more, in qkv_long and
+    gate_up_long, shorter ones through q, k, v, gate and up): qkv [n, H] -> [n, (Hq + 2 Hkv) * D]
     and gate_up [n, H] -> [n, 2 I] (gate's I columns first), with q, k, v, gate and up None; else qkv and
     gate_up are None."""
 
@@ -85,13 +86,21 @@ class _Layer:
         qkv, gate_up = (joined([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None,
                         joined([mlp.gate_proj, mlp.up_proj]) if fused else None)
         self.qkv, self.gate_up = lin(qkv), lin(gate_up)
-        if packed and qkv is None and can_join([attn.q_proj, attn.k_proj, attn.v_proj]):
-            qkv = self.qkv = PackedJoined([attn.q_proj, attn.k_proj, attn.v_proj])
-        if packed and gate_up is None and can_join([mlp.gate_proj, mlp.up_proj]):
-            gate_up = self.gate_up = PackedJoined([mlp.gate_proj, mlp.up_proj])
-        self.q, self.k, self.v = ((None, None, None) if qkv else
-                                  (lin(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)))
-        self.gate, self.up = (None, None) if gate_up else (lin(mlp.gate_proj), lin(mlp.up_proj))
+        # packed weights: q/k/v and gate/up joined (PackedJoined) for every block where every block is packed
+        # (bfloat16), else for blocks of long_from rows or more, shorter ones part by part off the packed path
+        qkv_parts, gate_up_parts = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+        self.qkv_long = self.gate_up_long = None
+        self.long_from = 0
+        if packed and qkv is None and gate_up is None and can_join(qkv_parts) and can_join(gate_up_parts):
+            self.long_from = FROM_ROWS[attn.q_proj.weight.dtype]
+            both = PackedJoined(qkv_parts), PackedJoined(gate_up_parts)
+            if self.long_from == 1:
+                self.qkv, self.gate_up = both
+            else:
+                self.qkv_long, self.gate_up_long = both
+        short = (lambda m: _linear(m, short_blocks, False)) if self.qkv_long is not None else lin  # noqa: E731
+        self.q, self.k, self.v = (None, None, None) if self.qkv is not None else (short(m) for m in qkv_parts)
+        self.gate, self.up = (None, None) if self.gate_up is not None else (short(m) for m in gate_up_parts)
         self.inter = mlp.gate_proj.out_features
         self.o, self.down = lin(attn.o_proj), lin(mlp.down_proj)
         self.act = mlp.act_fn.forward  # the module's own forward, without the module call
@@ -232,8 +241,9 @@ class LeanRunner(ModelRunner):
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
             h = L.norm1(x)
-            if L.qkv is not None:  # one product, RoPE on q and k together in [n, heads, D]
-                qkv = L.qkv(h).view(n, -1, D)
+            joined_qkv = L.qkv if L.qkv is not None else (L.qkv_long if n >= L.long_from else None)
+            if joined_qkv is not None:  # one product, RoPE on q and k together in [n, heads, D]
+                qkv = joined_qkv(h).view(n, -1, D)
                 qk = rope(qkv[:, :Hq + Hkv], cos_rows, sin_rows)
                 q, k, v = (t.transpose(0, 1)[None] for t in (qk[:, :Hq], qk[:, Hq:], qkv[:, Hq + Hkv:]))
             else:
@@ -250,8 +260,9 @@ class LeanRunner(ModelRunner):
                                                      scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
                 x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             h = L.norm2(x)
-            if L.gate_up is not None:
-                both = L.gate_up(h)
+            joined_gate_up = L.gate_up if L.gate_up is not None else (L.gate_up_long if n >= L.long_from else None)
+            if joined_gate_up is not None:
+                both = joined_gate_up(h)
                 gate, up = both[:, :L.inter], both[:, L.inter:]
             else:
                 gate, up = L.gate(h), L.up(h)

@@ -166,13 +166,12 @@ class PackedLinear:
 
 
 def can_join(linears: list[nn.Linear]) -> bool:
-    """Can these linears (reading one input) multiply as one packed product on every block (PackedJoined)?
-    nn.Linear all, one dtype whose every block takes the packed path (FROM_ROWS 1: bfloat16), one input
-    width, a bias on all or none."""
+    """Can these linears (reading one input) multiply as one packed product (PackedJoined)? nn.Linear all,
+    packable, one dtype, one input width, a bias on all or none."""
     first = linears[0]
     return all(type(m) is nn.Linear and can_pack(m.weight) and m.weight.dtype == first.weight.dtype
                and m.in_features == first.in_features and (m.bias is None) == (first.bias is None)
-               for m in linears) and FROM_ROWS[first.weight.dtype] == 1
+               for m in linears)
 
 
 class PackedJoined:
@@ -185,12 +184,14 @@ class PackedJoined:
     differ in the last bits (another blocking of the wider product): the same kind of difference as
     between any two valid kernels, kept to the promise of the target's greedy output and exact sampling of
     the logits the step computes (tests). The side-by-side weight is packed from a temporary copy, so it
-    holds what the parts' packed weights would. Only where every block takes the packed path (can_join)."""
+    holds what the parts' packed weights would. It multiplies any block it is given: the lean loop gives it
+    every block of a bfloat16 model, and a float32 model's blocks of FROM_ROWS rows or more (its shorter
+    blocks stay on each part's own MKL product, as PackedLinear's do)."""
 
     def __init__(self, linears: list[nn.Linear]):
         if not can_join(linears):
-            raise ValueError("only nn.Linear layers of one packed-every-block dtype, one input width and a bias on "
-                             "all or none join")
+            raise ValueError("only packable nn.Linear layers of one dtype and input width, with a bias on all or "
+                             "none, join")
         weights = tuple(m.weight for m in linears)
         self.packed = _cached(linears[0], weights, lambda: torch.ops.mkldnn._reorder_linear_weight(
             torch.cat([w.detach() for w in weights]), None), _joined)
