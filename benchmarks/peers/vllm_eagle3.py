@@ -17,14 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_peer import specdec_acceptance, vllm_acceptance  # this script's folder: one reading of the counters
+# this script's folder: one reading of the counters, one KV budget
+from vllm_peer import KV_CACHE_BYTES, specdec_acceptance, vllm_acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# vLLM's CPU backend otherwise reserves 92 % of the machine's memory and refuses to start where other processes
-# hold more than 8 % (a test suite's second worker, seen here): an explicit KV budget, ample for one sequence of
-# 1024 tokens (SmolLM2: 47 MB), takes that check away and changes nothing in how vLLM computes
-KV_CACHE_BYTES = 1 << 30
 
 def prompt_ids(tok, n: int) -> list[list[int]]:
     rows = [json.loads(line) for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines() if line]

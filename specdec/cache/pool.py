@@ -105,10 +105,13 @@ class BlockTable:
         self.length = 0
         self._slots = None
 
-    def slots(self, start: int, end: int) -> torch.Tensor:
-        """Flat slots (page_id * page_size + offset) of positions [start, end): [end - start] int64."""
+    def _check_reserved(self, end: int) -> None:
         if end > self.capacity:
             raise ValueError(f"positions up to {end} requested, only {self.capacity} reserved")
+
+    def slots(self, start: int, end: int) -> torch.Tensor:
+        """Flat slots (page_id * page_size + offset) of positions [start, end): [end - start] int64."""
+        self._check_reserved(end)
         if self._slots is None:
             ps = self.pool.page_size
             pages = torch.tensor(self.pages, dtype=torch.long)
@@ -120,8 +123,7 @@ class BlockTable:
         single sequence's pages usually do: the pool hands out low ids first), else None. Reading or
         writing the KV through a slice is a view or a plain copy instead of an index_select / index_copy_
         (the same values)."""
-        if end > self.capacity:
-            raise ValueError(f"positions up to {end} requested, only {self.capacity} reserved")
+        self._check_reserved(end)
         if start >= end:
             return None
         ps, pages = self.pool.page_size, self.pages
