@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -41,6 +42,7 @@ import specdec  # noqa: E402
 from specdec.cli.bench import load_prompts  # noqa: E402
 from specdec.drafters import CrossTokenizerDrafter, LookupFirst  # noqa: E402
 from specdec.files import write_text  # noqa: E402
+from specdec.hf.mapped_offload import mapped_offload  # noqa: E402
 from specdec.quantize import int4_draft, int8_draft  # noqa: E402
 from specdec.stats import SpecStats  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
@@ -85,6 +87,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--offload-layers", type=int, default=0, help="the target's last N decoder layers offloaded to "
                     "disk through accelerate's hooks (dispatch_model), for every mode alike (issue 43's offloaded case)")
+    ap.add_argument("--accelerate-loading", action="store_true", help="with --offload-layers, also run every specdec "
+                    "mode with accelerate's own loading of the offloaded weights (SPECDEC_MAPPED_OFFLOAD=0: a copy "
+                    "per forward) beside the default (hf/mapped_offload.py: mapped once), and HF's target-only "
+                    "with the offloaded weights mapped, so the mapping's share and speculation's are told apart")
     ap.add_argument("--offload-dir", default=None, help="where --offload-layers writes the offloaded weights "
                     "(default: a temporary folder, removed after)")
     ap.add_argument("--tree", type=int, nargs=3, action="append", default=None, metavar=("NODES", "DEPTH", "TOPK"),
@@ -144,6 +150,21 @@ def main() -> None:
             return out.sequences, time.perf_counter() - t0, out.stats
         return run
 
+    def accelerate_loading(run):  # a specdec mode with the offloaded weights copied per forward, as HF's are
+        def unmapped(ids):
+            os.environ["SPECDEC_MAPPED_OFFLOAD"] = "0"
+            try:
+                return run(ids)
+            finally:
+                del os.environ["SPECDEC_MAPPED_OFFLOAD"]
+        return unmapped
+
+    def mapped(run):  # an HF mode with the offloaded weights mapped once, as specdec's are
+        def in_maps(ids):
+            with mapped_offload(target):
+                return run(ids)
+        return in_maps
+
     modes = {"target-only": hf()}
     modes["specdec plain"] = timed(specdec.wrap(target))  # the runtime alone: nothing drafted
     def named(lookahead: int) -> str:
@@ -189,6 +210,10 @@ def main() -> None:
         modes["specdec ngram adaptive"] = timed(specdec.wrap(target, drafter="ngram"))
     if a.only:
         modes = {name: run for name, run in modes.items() if name == "target-only" or any(o in name for o in a.only)}
+    if a.offload_layers and a.accelerate_loading:
+        for name in [m for m in modes if m.startswith("specdec")]:
+            modes[f"{name} (accelerate's loading)"] = accelerate_loading(modes[name])
+        modes["target-only (mapped)"] = mapped(modes["target-only"])
     for run in modes.values():  # warm-up: one-off costs (the vocabulary map, lazy inits) are paid here
         run(prompts[0][:, :24])
     rows = {name: {"tps": [], "stats": [], "hf_tau": [], "mismatch": 0, "failed": []} for name in modes}
@@ -243,6 +268,7 @@ def main() -> None:
              + (f" --draft-dtype {' '.join(a.draft_dtype)}" if a.draft_dtype != ["float32"] else "")
              + (f" --target-dtype {a.target_dtype}" if a.target_dtype != "float32" else "")
              + (f" --offload-layers {a.offload_layers}" if a.offload_layers else "")
+             + (" --accelerate-loading" if a.offload_layers and a.accelerate_loading else "")
              + "".join(f" --tree {' '.join(map(str, t))}" for t in a.tree or [])
              + (" --lookup-first" if a.lookup_first else "")
              + (f" --only {' '.join(a.only)}" if a.only else "") + "`", "",
@@ -251,7 +277,10 @@ def main() -> None:
              + (f", after the first {first}" if first else "") + f"), {n} new tokens, "
              f"{a.threads} threads, modes alternating prompt by prompt after a warm-up."
              + (f" The target's last {a.offload_layers} decoder layers offloaded to disk (accelerate's dispatch_model "
-                "and hooks: loaded for every forward), for every mode." if a.offload_layers else ""), "",
+                "and hooks), for every mode: HF's modes load them through accelerate for every forward (a copy), specdec's "
+                "through maps made once (hf/mapped_offload.py)" + ("; rows marked (accelerate's loading) run specdec with "
+                "accelerate's copies, the row target-only (mapped) runs HF's target-only with specdec's maps." if
+                a.accelerate_loading else ".") if a.offload_layers else ""), "",
              f"Machine: {machine()}.", "",
              "| mode | tok/s | vs target-only | vs best HF UAD (prompts it ran) | acceptance | tau | k used | per-position acceptance | c "
              "| mismatches |",

@@ -34,6 +34,7 @@ from .drafters.base import (BatchDrafter, Draft, DraftContext, DraftRows, DraftS
 from .engine import Engine
 from .hf.attention import specdec_attention
 from .hf.batch_runner import BatchRunner, RowForward
+from .hf.mapped_offload import mapped_offload
 from .hf.features import FeatureLog
 from .hf.runner import check_rope_span, max_positions_of
 from .policy.batch import BatchPlanner
@@ -166,7 +167,7 @@ def generate_batch(engine: Engine, requests: list[RowRequest], sampling: Samplin
     why = batchable(engine)
     if why is not None:
         raise ValueError(f"this engine cannot run a batch in one forward per step: {why}")
-    with engine._busy:
+    with engine._busy, mapped_offload(engine.target):
         return _generate(engine, requests, sampling, generator)
 
 

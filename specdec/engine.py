@@ -29,6 +29,7 @@ from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.compiled import STEPS, CompiledRunner, auto_compiles
 from .hf.lean import LeanRunner
+from .hf.mapped_offload import mapped_offload
 from .hf.offload import check_device_map
 from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy, SourcePolicy
@@ -155,7 +156,7 @@ class Engine:
         before specdec's temperature / top-k / top-p warping, post_processors after it (HF's order).
         record: {"scores": [], "logits": []} (either key) gets, per emitted token, the processed scores and
         the raw logits [1, V] float32 of the row that produced it."""
-        with self._busy:
+        with self._busy, mapped_offload(self.target):
             self._record = record
             try:
                 return self._generate(input_ids, sampling, limits, processors, streamer, generator, stream_prompt,
