@@ -48,9 +48,12 @@ def test_every_drafter_keeps_greedy_output_on_a_disk_offloaded_target(tmp_path):
     assert torch.equal(got, want)
 
 
-def test_an_offloaded_target_pays_no_lean_loop_probe(tmp_path):
-    """The lean loop reads module weights, which an offloaded layer's hooks hold instead: the engine goes
-    straight to the HF modules, one forward a step (the probe's extra forwards would each pay the offload)."""
+def test_an_offloaded_target_pays_no_lean_loop_probe(tmp_path, monkeypatch):
+    """With accelerate's own loading (SPECDEC_MAPPED_OFFLOAD=0), the lean loop cannot read module weights,
+    which an offloaded layer's hooks hold instead: the engine goes straight to the HF modules, one forward a
+    step (the probe's extra forwards would each pay the offload). Mapped, the lean loop runs:
+    tests/test_mapped_offload.py."""
+    monkeypatch.setenv("SPECDEC_MAPPED_OFFLOAD", "0")
     target, tok = specdec.zoo.load("target")
     target = offloaded(target, tmp_path, target.config.num_hidden_layers // 2)
     calls = []

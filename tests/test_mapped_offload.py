@@ -10,7 +10,7 @@ from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset, offload
 from safetensors.torch import save_file
 
 import specdec
-from specdec.hf import mapped_offload as mo
+from specdec.hf import mapped_offload as mo, packed
 from specdec.hf.offload import _align_hooks
 
 
@@ -123,3 +123,24 @@ def test_nested_and_concurrent_generations_share_one_swap(tmp_path):
     assert [id(w) for w in weight_maps(target)] == before and not mo.is_mapped(target)
     with mo.mapped_offload(target):  # entered again: the same maps, made once
         assert [id(w) for w in weight_maps(target)] == [id(w) for w in inside]
+
+
+def test_mapped_layers_run_in_the_lean_loop_without_packed_copies_and_go_back_to_meta(tmp_path):
+    target, tok = specdec.zoo.load("target")
+    target = offloaded(target, tmp_path, 1)
+    last = target.model.layers[-1].mlp.down_proj
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids[:, -30:]
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    out = specdec.generate(target, ids, drafter="ngram", draft_length=3, max_new_tokens=8,
+                           return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.step == "lean"  # the modules held their mapped weights: the lean loop bound them
+    assert last.weight.device.type == "meta"  # handed back: the hook loads them per forward again
+    with mo.mapped_offload(target):
+        w = last.weight
+        assert w.device.type == "cpu" and mo.is_mapped_tensor(w)
+        assert not packed.can_pack(w)  # never copied into oneDNN's layout: that would hold in memory what is on disk
+        assert packed.can_pack(w.clone()) or not packed.onednn_packs(w.dtype)
+        inside = target(ids).logits  # HF's modules over the held weights: what accelerate's loading gives
+    assert torch.equal(inside, target(ids).logits)
+    assert last.weight.device.type == "meta"

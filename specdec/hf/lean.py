@@ -181,8 +181,10 @@ class LeanRunner(ModelRunner):
         are bit for bit HF's. Not on the kernel path (the Triton kernels read the pages themselves)."""
         if kernel or type(model).__name__ not in SUPPORTED or not _static_rope(model):
             return None
-        if any(q.device.type == "meta" for q in model.parameters()):  # offloaded by accelerate (hf/offload.py):
-            return None  # only its hooks load those weights, so the loop cannot read them (and no probe is paid)
+        # offloaded by accelerate (hf/offload.py) and not held from maps (hf/mapped_offload.py): only its hooks
+        # load those weights, so the loop cannot read them (and no probe is paid)
+        if any(q.device.type == "meta" for q in model.parameters()):
+            return None
         p = next(model.parameters())
         verdicts = _verdicts.setdefault(model, {})
         key = (p.dtype, p.device)

@@ -5,20 +5,25 @@ Why: accelerate's disk offload (`device_map` with "disk", `disk_offload`, `dispa
 loads an offloaded module's weights in its hook before every forward: `np.memmap` of the weight's file,
 then `torch.tensor` of it, a copy (and the page-table setup of a new mapping) of every byte, and for
 weights it offloads by reference to a safetensors checkpoint, `safe_open(...).get_tensor`, a copy too.
-On a 2-core Xeon that is about 1.4 s a forward for half of Qwen2.5-Coder-1.5B's float32 layers
-(2.6 GB; benchmarks/results/offload_qwen2.5-coder.md), several times the forward's own arithmetic: a
+For half of Qwen2.5-Coder-1.5B's float32 layers (2.6 GB) on a 2-core Xeon that made a one-token forward
+2.6 s against 0.7 s read in place (HF's modules both; benchmarks/results/offload_qwen2.5-coder.md): a
 decode pays it per token, a verification once for k + 1 tokens.
 
 What it does: while a generation runs (`mapped_offload(model)`, entered by the engine), every accelerate
 hook that loads from disk gets a `MappedWeights` in place of its weights map: the same keys, each weight a
 tensor over a copy-on-write memory map of its file (`torch.from_file(shared=False)`), made on first use and
-kept for the process. The bytes are the file's: logits are bit for bit what accelerate's loading gives.
+kept for the process. Where every tensor a hook loads is mapped (and its execution device is the CPU),
+the module holds those tensors for the generation and its hook stops loading per forward: the model then
+reads like one in memory, so the lean loop (hf/lean.py) binds and runs it, while hf/packed.py never copies
+a mapped weight into its layout (that would hold in memory what the user put on disk). The bytes are the
+file's: logits are what the same step computes over accelerate's loaded copies.
 The operating system keeps recently read pages in its page cache as it does for accelerate's reads; under
 memory pressure it drops clean pages and reads them again from disk, so mapping holds no memory that
-accelerate's loading would not (nothing is pinned). On exit the hooks get their own maps back: HF's own
-`generate()` on the same model is untouched. Weights held in memory (CPU offload), a weight whose dtype
-accelerate converts on loading, and a checkpoint tensor not aligned for its dtype stay on accelerate's
-loader. `SPECDEC_MAPPED_OFFLOAD=0` turns it off.
+accelerate's loading would not (nothing is pinned). On exit the modules' tensors go back to the meta
+device and the hooks get their own maps and loading back: HF's own `generate()` on the same model is
+untouched. Weights held in memory (CPU offload), a weight whose dtype accelerate converts on loading, and
+a checkpoint tensor not aligned for its dtype stay on accelerate's loader (their modules stay on their
+hooks). `SPECDEC_MAPPED_OFFLOAD=0` turns it off.
 """
 from __future__ import annotations
 
@@ -49,7 +54,9 @@ def enabled() -> bool:
 
 def _mapped_file(path: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
     """[numel] of dtype over a private (copy-on-write) map of the file at `path`; nothing is read yet."""
-    return torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    t = torch.from_file(path, shared=False, size=numel, dtype=dtype)
+    _mapped_pointers.add(t.untyped_storage().data_ptr())
+    return t
 
 
 class _Checkpoint:
@@ -129,7 +136,20 @@ _lock = threading.Lock()
 # id(loader) -> (weakref to it, {file: _Checkpoint}); id(hook) -> (weakref, MappedWeights)
 _checkpoints: dict[int, tuple] = {}
 _mapped_maps: dict[int, tuple] = {}
-_active: dict[int, list] = {}  # id(model) -> [generations inside mapped_offload now, the hooks it swapped]
+# id(model) -> [generations inside mapped_offload now, the (module, hook) pairs it swapped, those it holds]
+_active: dict[int, list] = {}
+# the data pointers of every map made (a storage at one of them is file-backed: hf/packed.py does not copy it)
+_mapped_pointers: set[int] = set()
+
+
+def _is_mapped_storage(t: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() in _mapped_pointers
+
+
+def is_mapped_tensor(t: torch.Tensor) -> bool:
+    """Does t's data live in one of this process's maps of offloaded files (a weight to read in place, not to
+    copy into another layout)?"""
+    return t.device.type == "cpu" and _is_mapped_storage(t)
 
 
 def _by_identity(table: dict, obj, make):
@@ -156,14 +176,47 @@ def _disk_hooks(model) -> list:
         for hook in _align_hooks(module):
             wm = hook.weights_map
             if isinstance(wm, PrefixedDataset) and isinstance(wm.dataset, OffloadedWeightsLoader):
-                found.append(hook)
+                found.append((module, hook))
     return found
+
+
+def _module_tensors(module, hook) -> dict[str, torch.Tensor]:
+    """The tensors the hook loads into its module for every forward (accelerate's own list), by name."""
+    from accelerate.utils import named_module_tensors
+
+    return dict(named_module_tensors(module, include_buffers=hook.offload_buffers, recurse=hook.place_submodules,
+                                     remove_non_persistent=True))
+
+
+def _hold(module, hook) -> bool:
+    """Put the mapped tensors into the module for the generation and stop its hook loading them per forward:
+    the module then reads like one in memory (the lean loop can bind its weights). Only where every tensor
+    it loads is mapped, in the dtype the module holds (no copy is made); returns whether it did."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    held = _module_tensors(module, hook)
+    values = {name: hook.weights_map[name] for name in held}
+    if not held or not all(_is_mapped_storage(v) and v.dtype == held[name].dtype for name, v in values.items()):
+        return False
+    for name, value in values.items():
+        set_module_tensor_to_device(module, name, "cpu", value=value)
+    hook.offload = False
+    return True
+
+
+def _release(module, hook) -> None:
+    """Undo _hold: the module's tensors back on the meta device, its hook loading them again per forward."""
+    from accelerate.utils import set_module_tensor_to_device
+
+    for name in _module_tensors(module, hook):
+        set_module_tensor_to_device(module, name, "meta")
+    hook.offload = True
 
 
 def is_mapped(model) -> bool:
     """Is `model` inside mapped_offload now with at least one hook mapped?"""
     entry = _active.get(id(model))
-    return entry is not None and any(isinstance(h.weights_map, MappedWeights) for h in entry[1])
+    return entry is not None and any(isinstance(h.weights_map, MappedWeights) for _, h in entry[1])
 
 
 @contextlib.contextmanager
@@ -177,9 +230,12 @@ def mapped_offload(model):
     with _lock:
         entry = _active.get(id(model))
         if entry is None:
-            entry = _active[id(model)] = [0, _disk_hooks(model)]
-            for hook in entry[1]:
+            entry = _active[id(model)] = [0, _disk_hooks(model), []]
+            for module, hook in entry[1]:
                 hook.weights_map = _mapped_for(hook)
+                if hook.execution_device is not None and torch.device(hook.execution_device).type == "cpu" \
+                        and hook.offload and _hold(module, hook):
+                    entry[2].append((module, hook))
         entry[0] += 1
     try:
         yield
@@ -188,7 +244,9 @@ def mapped_offload(model):
             entry[0] -= 1
             if entry[0] == 0:
                 del _active[id(model)]
-                for hook in entry[1]:
+                for module, hook in entry[2]:
+                    _release(module, hook)
+                for _, hook in entry[1]:
                     if isinstance(hook.weights_map, MappedWeights):
                         hook.weights_map = hook.weights_map.inner
 

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear
 from .cpu import cpu_vendor
+from .mapped_offload import is_mapped_tensor
 
 # the fewest rows a block needs to take the packed path, by weight dtype (other dtypes: never)
 FROM_ROWS = {torch.float32: 4, torch.bfloat16: 1}
@@ -103,8 +104,10 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 
 def can_pack(weight: torch.Tensor) -> bool:
     """Can this weight take the packed path (float32 or bfloat16, 2-D, on a CPU, torch built with oneDNN,
-    whose oneDNN packs that dtype on this CPU)?"""
-    return weight.dtype in FROM_ROWS and _onednn_can_hold(weight) and onednn_packs(weight.dtype)
+    whose oneDNN packs that dtype on this CPU)? Not a disk-offloaded weight read in place
+    (hf/mapped_offload.py): a packed copy would hold in memory what the user put on disk."""
+    return (weight.dtype in FROM_ROWS and _onednn_can_hold(weight) and onednn_packs(weight.dtype)
+            and not is_mapped_tensor(weight))
 
 
 # nn.Linear or QuantizedLinear -> (what the weight was when packed, the packed weight); _joined: the first of
