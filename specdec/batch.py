@@ -34,7 +34,7 @@ from .drafters.base import (BatchDrafter, Draft, DraftContext, DraftRows, DraftS
 from .engine import Engine
 from .hf.attention import specdec_attention
 from .hf.batch_runner import BatchRunner, RowForward
-from .hf.mapped_offload import mapped_offload
+from .hf.mapped_offload import mapped_offload, offload_reading
 from .hf.features import FeatureLog
 from .hf.runner import check_rope_span, max_positions_of
 from .policy.batch import BatchPlanner
@@ -222,6 +222,7 @@ def _generate(engine: Engine, requests, sampling, generator):
     step = runner.lean.step_name if runner.lean is not None else "hf"
     for row in rows:
         row.stats.step = step
+        row.stats.offload = offload_reading(engine.target)
     return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
 
 

@@ -29,7 +29,7 @@ from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.compiled import STEPS, CompiledRunner, auto_compiles
 from .hf.lean import LeanRunner
-from .hf.mapped_offload import mapped_offload
+from .hf.mapped_offload import mapped_offload, offload_reading
 from .hf.offload import check_device_map
 from .hf.runner import ModelRunner, check_rope_span, max_positions_of
 from .policy import DraftPolicy, SourcePolicy
@@ -208,7 +208,7 @@ class Engine:
         self.features = features
         pipeline = LogitsPipeline(sampling, T, limits.min_new_tokens, limits.eos_token_ids, processors,
                                   post_processors)
-        stats = SpecStats(prompt_tokens=T)
+        stats = SpecStats(prompt_tokens=T, offload=offload_reading(self.target))
         stats.reused_prompt_tokens = target.valid
         draft_model = self.drafter.model if isinstance(self.drafter, ModelBackedDrafter) else None
         began = ready = False  # the drafter's begin() was called (end() is owed) / returned (accept() is valid)

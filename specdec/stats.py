@@ -31,6 +31,7 @@ class SpecStats:
     tracker: dict | None = None  # the policy's AcceptanceTracker state, when it has one
     step: str = ""              # what ran the target's forwards: 'compiled' | 'lean' | 'hf' (hf/compiled.py)
     compile_s: float = 0.0      # of which spent compiling the step (a bucket's first use; inside the times)
+    offload: str = ""           # the target's disk-offloaded weights: 'mapped' | 'copied' | '' (hf/mapped_offload.py)
 
     @property
     def tpot_s(self) -> float:
@@ -112,6 +113,7 @@ class SpecStats:
 
     def summary(self) -> str:
         step = f" | step {self.step}" + (f" (compiling {self.compile_s:.1f} s)" if self.compile_s else "") if self.step else ""
+        step += f", offloaded weights {self.offload}" if self.offload else ""
         return (f"{self.new_tokens} tokens, {self.tokens_per_s:.1f} tok/s{step} | acceptance {self.acceptance_rate:.2f}, "
                 f"tau {self.mean_accepted_length:.2f} | TTFT {self.ttft_s * 1e3:.1f} ms (prefill "
                 f"{self.prefill_s * 1e3:.1f} ms{self._setup_note()}), TPOT {self.tpot_s * 1e3:.2f} ms, decode {self.decode_s:.2f} s")

@@ -56,7 +56,8 @@ def test_a_generation_reads_the_offloaded_weights_through_maps_and_hands_the_hoo
     assert [id(w) for w in weight_maps(target)] == [id(w) for w in before] and not mo.is_mapped(target)
     # SPECDEC_MAPPED_OFFLOAD=0: accelerate's own loading, the same output
     monkeypatch.setenv("SPECDEC_MAPPED_OFFLOAD", "0")
-    assert torch.equal(specdec.generate(target, ids, drafter="ngram", max_new_tokens=8), ref)
+    out = specdec.generate(target, ids, drafter="ngram", max_new_tokens=8, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref) and out.stats.offload == "copied"
     assert counted_loads
     monkeypatch.setenv("SPECDEC_MAPPED_OFFLOAD", "yes")
     with pytest.raises(ValueError, match="SPECDEC_MAPPED_OFFLOAD must be 0 or 1"):
@@ -127,14 +128,17 @@ def test_nested_and_concurrent_generations_share_one_swap(tmp_path):
 
 def test_mapped_layers_run_in_the_lean_loop_without_packed_copies_and_go_back_to_meta(tmp_path):
     target, tok = specdec.zoo.load("target")
+    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids[:, -30:]
+    in_memory = specdec.generate(target, ids, max_new_tokens=2, return_dict_in_generate=True)
+    assert in_memory.stats.offload == "" and "offloaded" not in in_memory.stats.summary()
     target = offloaded(target, tmp_path, 1)
     last = target.model.layers[-1].mlp.down_proj
-    ids = tok(specdec.zoo.prompts(1)[0], return_tensors="pt").input_ids[:, -30:]
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
     out = specdec.generate(target, ids, drafter="ngram", draft_length=3, max_new_tokens=8,
                            return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert out.stats.step == "lean"  # the modules held their mapped weights: the lean loop bound them
+    assert out.stats.offload == "mapped" and "offloaded weights mapped" in out.stats.summary()
     assert last.weight.device.type == "meta"  # handed back: the hook loads them per forward again
     with mo.mapped_offload(target):
         w = last.weight

@@ -219,6 +219,14 @@ def is_mapped(model) -> bool:
     return entry is not None and any(isinstance(h.weights_map, MappedWeights) for _, h in entry[1])
 
 
+def offload_reading(model) -> str:
+    """How `model`'s disk-offloaded weights are read now: 'mapped' (in place, inside mapped_offload), 'copied'
+    (accelerate's hooks, a copy per forward), or '' (nothing on disk)."""
+    if is_mapped(model):
+        return "mapped"
+    return "copied" if "disk" in (getattr(model, "hf_device_map", None) or {}).values() else ""
+
+
 @contextlib.contextmanager
 def mapped_offload(model):
     """For the block's duration, `model`'s disk-offloaded weights come from memory maps made once (module
