@@ -152,11 +152,15 @@ def main() -> None:
 
     def accelerate_loading(run):  # a specdec mode with the offloaded weights copied per forward, as HF's are
         def unmapped(ids):
+            before = os.environ.get("SPECDEC_MAPPED_OFFLOAD")
             os.environ["SPECDEC_MAPPED_OFFLOAD"] = "0"
             try:
                 return run(ids)
             finally:
-                del os.environ["SPECDEC_MAPPED_OFFLOAD"]
+                if before is None:
+                    del os.environ["SPECDEC_MAPPED_OFFLOAD"]
+                else:
+                    os.environ["SPECDEC_MAPPED_OFFLOAD"] = before
         return unmapped
 
     def mapped(run):  # an HF mode with the offloaded weights mapped once, as specdec's are

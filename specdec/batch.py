@@ -220,9 +220,9 @@ def _generate(engine: Engine, requests, sampling, generator):
         for row in rows:
             row.table.release()
     step = runner.lean.step_name if runner.lean is not None else "hf"
+    offload = offload_reading(engine.target)
     for row in rows:
-        row.stats.step = step
-        row.stats.offload = offload_reading(engine.target)
+        row.stats.step, row.stats.offload = step, offload
     return [(torch.tensor(row.tokens, dtype=torch.long), row.stats) for row in rows]
 
 

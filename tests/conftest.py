@@ -8,6 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
+from accelerate import dispatch_model
 
 VOCAB = 61
 
@@ -74,6 +75,14 @@ def tiny_vocab_model(vocab: int, seed: int, scale: float):
             if p.dim() >= 2:
                 p.mul_(scale)
     return model
+
+
+def offloaded(model, folder, on_disk_from: int):
+    """Layers >= on_disk_from, the final norm and the LM head on disk; the rest in CPU memory."""
+    n = model.config.num_hidden_layers
+    dmap = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "disk", "lm_head": "disk"}
+    dmap.update({f"model.layers.{i}": ("cpu" if i < on_disk_from else "disk") for i in range(n)})
+    return dispatch_model(model, dmap, offload_dir=str(folder))
 
 
 def hf_greedy(model, ids, max_new_tokens, **kw):

@@ -4,20 +4,13 @@ greedy output (chains, trees, a batch), the feature head reads the offloaded LM 
 go back after, and a map onto a device the engine cannot use is refused before any forward."""
 import pytest
 import torch
-from accelerate import dispatch_model
 
 import specdec
 from specdec.drafters import FeatureHead
 from specdec.drafters.head_model import fingerprint
 from specdec.zoo import real
 
-
-def offloaded(model, folder, on_disk_from: int):
-    """Layers >= on_disk_from, the final norm and the LM head on disk; the rest in CPU memory."""
-    n = model.config.num_hidden_layers
-    dmap = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "disk", "lm_head": "disk"}
-    dmap.update({f"model.layers.{i}": ("cpu" if i < on_disk_from else "disk") for i in range(n)})
-    return dispatch_model(model, dmap, offload_dir=str(folder))
+from conftest import offloaded
 
 
 def test_every_drafter_keeps_greedy_output_on_a_disk_offloaded_target(tmp_path):

@@ -5,7 +5,6 @@ import threading
 
 import pytest
 import torch
-from accelerate import dispatch_model
 from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset, offload
 from safetensors.torch import save_file
 
@@ -13,12 +12,7 @@ import specdec
 from specdec.hf import mapped_offload as mo, packed
 from specdec.hf.offload import _align_hooks
 
-
-def offloaded(model, folder, on_disk_from: int):
-    n = model.config.num_hidden_layers
-    dmap = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "disk", "lm_head": "disk"}
-    dmap.update({f"model.layers.{i}": ("cpu" if i < on_disk_from else "disk") for i in range(n)})
-    return dispatch_model(model, dmap, offload_dir=str(folder))
+from conftest import offloaded
 
 
 def weight_maps(model) -> list:

@@ -110,6 +110,12 @@ class _Layer:
         self.sliding_window = (attn.sliding_window if hasattr(attn, "sliding_window")
                                else getattr(attn.config, "sliding_window", None))
 
+    def joined(self, n: int) -> tuple:
+        """(qkv, gate_up) for a block of n rows: each joined product where it serves n rows, else None."""
+        long = n >= self.long_from
+        return (self.qkv if self.qkv is not None else self.qkv_long if long else None,
+                self.gate_up if self.gate_up is not None else self.gate_up_long if long else None)
+
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     """transformers' LlamaRMSNorm, bit for bit: weight * (h * rsqrt(mean(h ** 2) + eps)) with h = x in
@@ -243,7 +249,7 @@ class LeanRunner(ModelRunner):
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
             h = L.norm1(x)
-            joined_qkv = L.qkv if L.qkv is not None else (L.qkv_long if n >= L.long_from else None)
+            joined_qkv, joined_gate_up = L.joined(n)
             if joined_qkv is not None:  # one product, RoPE on q and k together in [n, heads, D]
                 qkv = joined_qkv(h).view(n, -1, D)
                 qk = rope(qkv[:, :Hq + Hkv], cos_rows, sin_rows)
@@ -262,7 +268,6 @@ class LeanRunner(ModelRunner):
                                                      scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
                 x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             h = L.norm2(x)
-            joined_gate_up = L.gate_up if L.gate_up is not None else (L.gate_up_long if n >= L.long_from else None)
             if joined_gate_up is not None:
                 both = joined_gate_up(h)
                 gate, up = both[:, :L.inter], both[:, L.inter:]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import struct
 import threading
@@ -98,18 +99,15 @@ class MappedWeights(Mapping):
         if info.get("safetensors_file") is not None:
             if "dtype" in info:  # accelerate converts this one on loading: a copy either way
                 return None
-            checkpoint = _checkpoints_of(loader).get(info["safetensors_file"])
-            if checkpoint is None:
-                checkpoint = _checkpoints_of(loader)[info["safetensors_file"]] = _Checkpoint(info["safetensors_file"])
-            return checkpoint.tensor(info.get("weight_name", key))
+            files, path = _checkpoints_of(loader), info["safetensors_file"]
+            if path not in files:
+                files[path] = _Checkpoint(path)
+            return files[path].tensor(info.get("weight_name", key))
         dtype = getattr(torch, info["dtype"], None)
         if not isinstance(dtype, torch.dtype) or loader.save_folder is None:
             return None
         shape = tuple(info["shape"]) or (1,)  # accelerate saves a 0-dim tensor as 1-dim
-        numel = 1
-        for s in shape:
-            numel *= s
-        t = _mapped_file(os.path.join(loader.save_folder, f"{key}.dat"), dtype, numel).view(shape)
+        t = _mapped_file(os.path.join(loader.save_folder, f"{key}.dat"), dtype, math.prod(shape)).view(shape)
         return t[0] if not info["shape"] else t
 
     def __getitem__(self, key: str) -> torch.Tensor:
@@ -214,9 +212,9 @@ def _release(module, hook) -> None:
 
 
 def is_mapped(model) -> bool:
-    """Is `model` inside mapped_offload now with at least one hook mapped?"""
+    """Is `model` inside mapped_offload now with at least one hook mapped (every hook it found is)?"""
     entry = _active.get(id(model))
-    return entry is not None and any(isinstance(h.weights_map, MappedWeights) for _, h in entry[1])
+    return entry is not None and bool(entry[1])
 
 
 def offload_reading(model) -> str:
@@ -261,8 +259,11 @@ def mapped_offload(model):
 
 def _mapped_for(hook) -> MappedWeights:
     """The hook's MappedWeights, made once (again if the hook got another weights map since)."""
-    mapped = _by_identity(_mapped_maps, hook, lambda: MappedWeights(hook.weights_map))
+    def make():
+        return MappedWeights(hook.weights_map)
+
+    mapped = _by_identity(_mapped_maps, hook, make)
     if mapped.inner is not hook.weights_map:
-        mapped = MappedWeights(hook.weights_map)
-        _mapped_maps[id(hook)] = (weakref.ref(hook, lambda _, k=id(hook): _mapped_maps.pop(k, None)), mapped)
+        del _mapped_maps[id(hook)]
+        mapped = _by_identity(_mapped_maps, hook, make)
     return mapped
