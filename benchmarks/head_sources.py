@@ -1,10 +1,11 @@
 """Which training data pays per CPU-hour: one head per `--data` source, trained side by side, measured alike.
 
-    python benchmarks/head_sources.py --root /work/headwork/sources [--sources chitchat,answers] \
+    python benchmarks/head_sources.py --root /work/headwork/sources [--sources chitchat,answers,answers@eagle3] \
         [--until 3000] [--chunk 250]
 
-Each source gets its own `specdec train-head` run (root/SOURCE.work), all with the same head, optimiser and
-schedule; the runs advance in turns, `--chunk` steps each (stop_at), so wherever the script is stopped
+A run is named SOURCE[@ARCH]: SOURCE one `--data` source or a mix joined by '+' (answers+chitchat), ARCH the
+head's architecture (eagle, the default, or eagle3), so data paths and training paths are measured alike.
+Each run is its own `specdec train-head` (root/RUN.work), all with the same optimiser and schedule; the runs advance in turns, `--chunk` steps each (stop_at), so wherever the script is stopped
 every source has trained about as long, and rerunning it resumes every run where it stopped. Every run
 measures held-out acceptance on the same sequences: the target's answers to the held-out composed prompts
 (training/head_sources.py), which no source trains on. Cost is CPU time (all threads, so core-seconds):
@@ -22,6 +23,8 @@ from pathlib import Path
 import torch
 
 from specdec.files import write_text
+from specdec.hf.cpu import cpu_name
+from specdec.training.head_sources import parse as parse_sources
 from specdec.training.head_trainer import HeadTrainArgs, load_target, train_head
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +33,7 @@ SETTINGS = dict(batch=8, seq_len=256, lr=2e-3, warmup=100, ttt=3, ce_weight=1.0,
 PER_SOURCE = {"answers": dict(num_text_chunks=200), "chitchat": dict(num_text_chunks=0, num_conversations=1000),
               "random": dict(num_text_chunks=0, num_random=1200)}
 
+LEGACY_MACHINE = {"chitchat": "AMD EPYC 2-core", "answers": "AMD EPYC 2-core"}  # runs stored before runs named theirs
 READING = "## Reading"  # a section written by hand below the table, kept when the table is rewritten
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -40,12 +44,32 @@ ap.add_argument("--chunk", type=int, default=250, help="steps a source trains be
 ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "head_sources")
 a = ap.parse_args()
 sources = a.sources.split(",")
+ARCHS = ("eagle", "eagle3")
+
+
+def run_settings(run: str) -> dict:
+    """'answers+chitchat@eagle3' -> the HeadTrainArgs fields that name it (data, arch, per-source sizes)."""
+    data, _, arch = run.partition("@")
+    try:
+        parts = parse_sources(data)
+    except ValueError as e:
+        raise SystemExit(f"head_sources: run {run!r}: {e}") from None
+    if arch and arch not in ARCHS:
+        raise SystemExit(f"head_sources: run {run!r}: architecture {arch!r} is not one of {ARCHS}")
+    sizes = {}
+    for part in parts:  # a mix reads each part as much as it would alone; text chunks are the answers source's
+        sizes.update({k: max(v, sizes.get(k, 0)) for k, v in PER_SOURCE[part].items()})
+    return dict(data=data, arch=arch or "eagle", **sizes)
+
+
+for run in sources:
+    run_settings(run)  # refuse a bad name before loading anything
 target, tok = load_target(a.target)
 
 
 def run_args(source: str, stop_at: int) -> HeadTrainArgs:
     return HeadTrainArgs(target=a.target, out=a.root / f"{source}.head", work=a.root / f"{source}.work", steps=a.until,
-                         data=source, stop_at=stop_at, **SETTINGS, **PER_SOURCE[source])
+                         stop_at=stop_at, **SETTINGS, **run_settings(source))
 
 
 def curve(source: str) -> tuple[dict, list[dict]]:
@@ -70,7 +94,7 @@ def merged_series() -> dict:
     for source in sources:
         data, evals = curve(source)
         if evals:
-            series[source] = {"data": data, "evals": evals, "until": a.until}
+            series[source] = {"data": data, "evals": evals, "until": a.until, "machine": cpu_name()}
     write_text(store, json.dumps(series, indent=1) + "\n")
     return series
 
@@ -80,19 +104,20 @@ def report() -> None:
              f"{SETTINGS['seq_len']}, {a.until}-step cosine)", "",
              "```", f"python benchmarks/head_sources.py --root ROOT --sources SOURCE --until {a.until} "
              f"--chunk {a.chunk}", "```", "",
-             "Machine: the project's 2-core AMD EPYC (AVX2, no AMX: fp32 training); core-hours are process CPU "
-             "time (all threads), data (answering + features, data/costs.json) plus training. Acceptance: greedy "
-             "chain acceptance by position on the target's answers to the held-out composed prompts, the same "
-             "24 answers for every source.", "",
-             "| source | data positions | data core-h | step | total core-h | accept@1 | @2 | @3 | tau |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Runs are named SOURCE[@ARCH] (the head's architecture; eagle where not named). fp32 training on 2 "
+             "cores; core-hours are process CPU time (all threads), data (answering + features, data/costs.json) "
+             "plus training, on the machine named beside each run (core-hours compare within a machine; steps and "
+             "positions across machines). Acceptance: greedy chain acceptance by position on the target's answers "
+             "to the held-out composed prompts, the same 24 answers for every run.", "",
+             "| run | machine | data positions | data core-h | step | total core-h | accept@1 | @2 | @3 | tau |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     series = merged_series()
     for source, run in series.items():
         data, evals = run["data"], run["evals"]
         for e in evals:
             acc = e["accept"]
-            lines.append(f"| {source} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
+            lines.append(f"| {source} | {run.get('machine', LEGACY_MACHINE.get(source, 'not recorded'))} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
                          f"{e['core_hours']:.2f} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {e['tau']:.2f} |")
     md = a.out.with_suffix(".md")
     kept = md.read_text().partition(READING)[2] if md.exists() else ""  # the written reading stays

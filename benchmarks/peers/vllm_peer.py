@@ -19,7 +19,9 @@ the prompts, every generation timed alone. Run the engines alternately, twice ea
 
 Modes: vLLM target-only and n-gram (k = 4); specdec plain with its default step (step="auto": which
 step ran is in the table) and with the compiled step, the shipped head adaptive and n-gram + head; HF
-generate() as the common yardstick. Tau and acceptance by position are counted the same way for both
+generate() as the common yardstick. With `--eagle3 DIR` (an EAGLE-3 head `specdec export-head` wrote; the
+shipped head is of the older kind, which vLLM has no layout for), both engines also draft with that head:
+vLLM a chain of `--k`, specdec the same chain and adaptive. Tau and acceptance by position are counted the same way for both
 engines (vLLM's counters: per step that drafted), over the timed generations.
 Prompts: benchmarks/prompts/chat.jsonl in the model's chat template (no training run used them).
 Greedy output is compared token for token with HF's.
@@ -67,25 +69,29 @@ def run_vllm(a) -> dict:
         ([f"{os.environ['VLLM_CPU_NUM_OF_RESERVED_CPU']} CPUs reserved"] if "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ else [])
     preloaded = f" ({', '.join(settings)})" if settings else ""
     out = {}
-    for mode, spec in (("vLLM target-only" + preloaded, None),
-                       ("vLLM ngram k=4" + preloaded, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                                           "prompt_lookup_min": 2})):
+    modes = [("vLLM target-only" + preloaded, None),
+             ("vLLM ngram k=4" + preloaded, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                             "prompt_lookup_min": 2})]
+    if a.eagle3:
+        modes.append((f"vLLM eagle3 k={a.k}" + preloaded,
+                      {"method": "eagle3", "model": a.eagle3, "num_speculative_tokens": a.k}))
+    for mode, spec in modes:
         llm = LLM(model=model_dir(), dtype=a.dtype, max_model_len=1024, max_num_seqs=1, seed=0,
                   kv_cache_memory_bytes=KV_CACHE_BYTES,
                   speculative_config=spec, disable_log_stats=False)
         llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
-        before = vllm_acceptance(llm)
         out[mode] = []
         for _ in range(a.repeats):
             for p in ids:
+                before = vllm_acceptance(llm) if spec else None  # read outside the timed span
                 t0 = time.perf_counter()
                 res = llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0]
-                dt = time.perf_counter() - t0
-                out[mode].append({"tokens": list(res.outputs[0].token_ids), "seconds": dt})
-        if spec is not None:  # the timed generations' drafting (the counters less the warm-up's), on the last row
-            after = vllm_acceptance(llm)
-            out[mode][-1]["acceptance"] = {"drafting_steps": after[0] - before[0],
-                                           "accepted_by_position": [x - y for x, y in zip(after[1], before[1])]}
+                row = {"tokens": list(res.outputs[0].token_ids), "seconds": time.perf_counter() - t0}
+                if spec:  # this generation's drafting: the counters' growth over it, as specdec's rows record it
+                    after = vllm_acceptance(llm)
+                    row["acceptance"] = {"drafting_steps": after[0] - before[0],
+                                         "accepted_by_position": [x - y for x, y in zip(after[1], before[1] + [0] * len(after[1]))]}
+                out[mode].append(row)
         del llm
     return out
 
@@ -128,6 +134,10 @@ def run_specdec(a) -> dict:
              "specdec plain (step compiled)": spec(specdec.wrap(target, draft_length=0, step="compiled")),
              "specdec head adaptive": spec(specdec.wrap(target, drafter=head)),
              "specdec ngram+head adaptive": spec(specdec.wrap(target, drafter=LookupFirst(head)))}
+    if a.eagle3:  # the exported EAGLE-3 head vLLM drafts with, read back by specdec's importer
+        eagle3 = FeatureHead.from_pretrained(a.eagle3, target)
+        modes[f"specdec eagle3 k={a.k}"] = spec(specdec.wrap(target, drafter=eagle3, draft_length=a.k))
+        modes["specdec eagle3 adaptive"] = spec(specdec.wrap(target, drafter=eagle3))
     for run in modes.values():  # warm-up: compiles the step's buckets, probes, packs
         run(ids[0][:, :16])
     out = {m: [] for m in modes}
@@ -190,6 +200,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="the weights' dtype, the same for every engine and mode")
+    ap.add_argument("--eagle3", default=None, help="an EAGLE-3 head exported by `specdec export-head`: both engines "
+                    "also draft with it (vLLM: method eagle3, a chain of --k; specdec: the same chain, and adaptive)")
+    ap.add_argument("--k", type=int, default=3, help="the EAGLE-3 chain's length (with --eagle3)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     out = Path(a.out)
