@@ -382,3 +382,32 @@ def test_shards_built_from_other_prompts_or_text_are_refused_and_growing_is_not(
         train_head(args(tmp_path, "src", steps=1, num_prompts=40, out=tmp_path / "src-other"), target, tok, progress=False)
     assert not (tmp_path / "src-other").exists()
     assert kept == {name: (first.work / name).read_text() for name in kept}  # the refused run changed nothing
+
+
+def test_a_continued_run_warms_its_fresh_optimiser_up_again_and_resumes_with_the_same_losses(tmp_path, zoo_target):
+    """--resume-from starts AdamW afresh at the saved head's step: the rate ramps up again from there over
+    `warmup` steps instead of jumping to the schedule's value, and the run, interrupted and resumed from its
+    own checkpoint, keeps that ramp (the same losses as uninterrupted)."""
+    from specdec.training.loop import cosine_lr
+
+    assert cosine_lr(5, 1.0, 4, 20, since=0) == cosine_lr(5, 1.0, 4, 20)
+    ramp = [cosine_lr(i, 1.0, 4, 20, since=10) / cosine_lr(i, 1.0, 4, 20) for i in range(10, 16)]
+    assert ramp == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    target, tok = zoo_target
+    first = args(tmp_path, "first", steps=4)
+    train_head(first, target, tok, progress=False)
+
+    def lrs(work):
+        rows = [json.loads(l) for l in (work / "log.jsonl").read_text().splitlines()]
+        return {r["step"]: r["lr"] for r in rows if "lr" in r}
+
+    whole = args(tmp_path, "whole", steps=10, warmup=2, resume_from=first.out)
+    train_head(whole, target, tok, progress=False)
+    got = lrs(whole.work)
+    assert got[5] == pytest.approx(cosine_lr(4, 2e-3, 2, 10) / 2, rel=1e-5)  # step 5 trains batch 4, AdamW's first
+    assert got[6] == pytest.approx(cosine_lr(5, 2e-3, 2, 10), rel=1e-5)
+    part = args(tmp_path, "part", steps=10, warmup=2, resume_from=first.out, stop_at=5)
+    assert train_head(part, target, tok, progress=False) is None
+    part.stop_at = None
+    train_head(part, target, tok, progress=False)
+    assert lrs(part.work) == got and losses(part.work) == losses(whole.work)

@@ -52,7 +52,7 @@ class DraftTrainArgs:
                                  # record always reads all of them
     stop_at: int | None = None   # checkpoint at this step and return None; run again to continue
     resume_from: Path | None = None  # no checkpoint in work: start from this saved draft (its layers and step;
-                                     # AdamW starts afresh) - how a run moves to a new machine
+                                     # AdamW starts afresh, warming up again) - how a run moves to a new machine
 
 
 def init_layers(num_target_layers: int, layers: int) -> list[int]:
@@ -211,6 +211,7 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     step, seconds = loop.load_checkpoint(work, trainable, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = load_saved_draft(Path(args.resume_from), draft, target_print)
+    since = loop.optimiser_since(work, step, args.resume_from is not None)
     if step == 0:
         with (work / "log.jsonl").open("a") as log:
             log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(
@@ -221,10 +222,10 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
         loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
         return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
 
-    step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
+    step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, since),
                              batch_loss, lambda: {"heldout_agree": heldout_agreement(
                                  draft, target_head, data, max_seqs=args.heldout_seqs or None)},
-                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype)
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype, since=since)
     if step < args.steps:
         return None
     earlier = {}

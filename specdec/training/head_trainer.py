@@ -64,7 +64,7 @@ class HeadTrainArgs:
     stop_at: int | None = None   # checkpoint at this step and return None (a time-boxed session); resume later
     stop_after_s: float | None = None  # ... or once training has run this many seconds (a lent GPU)
     resume_from: Path | None = None  # no checkpoint in work: start from this saved head (its weights and step;
-                                     # AdamW starts afresh) - how a run moves to a new machine
+                                     # AdamW starts afresh, warming up again) - how a run moves to a new machine
 
 
 def load_target(name_or_dir: str):
@@ -292,6 +292,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     step, seconds = loop.load_checkpoint(work, net, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = _load_saved_head(Path(args.resume_from), net)
+    since = loop.optimiser_since(work, step, args.resume_from is not None)
     net.bind(target)  # after any load: the LM-head rows it binds are those of the vocab_ids the head keeps
 
     def batch_loss(i: int):
@@ -299,11 +300,11 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
         return loss, {"steps": stats}, {"agree": f"{stats[0]['agree']:.2f}"}
 
-    step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps),
+    step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, since),
                              batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data,
                                                                                  max_seqs=args.heldout_seqs or None)},
                              args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype,
-                             None if args.stop_after_s is None else time.monotonic() + args.stop_after_s)
+                             None if args.stop_after_s is None else time.monotonic() + args.stop_after_s, since=since)
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)  # every held-out answer

@@ -42,12 +42,19 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def cosine_lr(step: int, lr: float, warmup: int, steps: int) -> float:
-    """Linear warm-up, then a cosine from lr down to lr / 10 at `steps`."""
+def cosine_lr(step: int, lr: float, warmup: int, steps: int, since: int = 0) -> float:
+    """Linear warm-up, then a cosine from lr down to lr / 10 at `steps`.
+
+    since: the step the optimiser's state began at (0 for a fresh run; a run continued from a saved head or
+    draft starts AdamW afresh at that head's step). A continued run warms up again over `warmup` steps from
+    there, into the cosine's value: a fresh AdamW's first updates are about lr per weight whatever the
+    gradient's size, so jumping straight to the schedule's rate (well above where the saved run had ended
+    when --steps grows) would throw away what the saved weights had learned."""
     if step < warmup:
         return lr * (step + 1) / warmup
     frac = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    rate = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    return rate * min(1.0, (step - since + 1) / warmup) if since else rate
 
 
 def earlier_training(kind: str, path: Path, trained: dict) -> dict:
@@ -61,16 +68,25 @@ def earlier_training(kind: str, path: Path, trained: dict) -> dict:
 
 
 def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float,
-                    cpu_seconds: float | None = None) -> None:
+                    cpu_seconds: float | None = None, since: int = 0) -> None:
     tensors = {f"net.{k}": v for k, v in module.state_dict().items()}
     state = opt.state_dict()
     for i, st in state["state"].items():
         for k, v in st.items():
             tensors[f"opt.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1),
+    meta = {"step": step, "param_groups": state["param_groups"], "seconds": round(seconds, 1), "since": since,
             **({"cpu_seconds": round(cpu_seconds, 1)} if cpu_seconds is not None else {})}
     save_tensors(tensors, work / "checkpoint.safetensors")
     write_text(work / "checkpoint.json", json.dumps(meta))
+
+
+def optimiser_since(work: Path, resumed_step: int, continued: bool) -> int:
+    """The step this run's AdamW state began at (cosine_lr's `since`): the checkpoint's record when the run
+    resumes one, else the saved head's or draft's step when it continues one (`continued`), else 0."""
+    meta = work / "checkpoint.json"
+    if meta.exists():
+        return int(json.loads(meta.read_text()).get("since", 0))
+    return resumed_step if continued else 0
 
 
 def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float]:
@@ -93,13 +109,14 @@ def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, floa
 def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
         lr_at: Callable[[int], float], batch_loss: Callable[[int], tuple], evaluate: Callable[[], dict],
         log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool,
-        compute: torch.dtype = torch.float32, deadline: float | None = None) -> tuple[int, float]:
+        compute: torch.dtype = torch.float32, deadline: float | None = None, since: int = 0) -> tuple[int, float]:
     """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at), or until the clock
     (time.monotonic()) passes `deadline`: a device lent for minutes; the checkpoint is written either way.
 
     batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`,
     run under bf16 autocast when `compute` (compute_dtype) is bfloat16; evaluate() -> the fields of an
-    evaluation record. Returns (the step reached, training seconds in all)."""
+    evaluation record; since: the step opt's state began at, kept in the checkpoint (optimiser_since).
+    Returns (the step reached, training seconds in all)."""
     from tqdm.auto import tqdm
 
     t_start = time.monotonic() - seconds
@@ -113,8 +130,9 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
     with (work / "log.jsonl").open("a") as log:
         try:
             while step < end:
+                lr = lr_at(step)
                 for group in opt.param_groups:
-                    group["lr"] = lr_at(step)
+                    group["lr"] = lr
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=compute == torch.bfloat16):
                     loss, record, shown = batch_loss(step)
                 opt.zero_grad(set_to_none=True)
@@ -124,7 +142,7 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
                 step += 1
                 bar.update(1)
                 if step % log_every == 0 or step == 1:
-                    log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), **record,
+                    log.write(json.dumps({"step": step, "loss": round(loss.item(), 5), "lr": float(f"{lr:.6g}"), **record,
                                           "time": round(time.time(), 1)}) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{loss.item():.3f}", **shown)
@@ -133,10 +151,10 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
                                           "cpu_seconds": round(time.process_time() - cpu_start, 1)}) + "\n")
                     log.flush()
                 if time.monotonic() - last_ckpt > 60 * ckpt_minutes or step == end:
-                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start)
+                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start, since)
                     last_ckpt = time.monotonic()
                 if deadline is not None and time.monotonic() > deadline:
-                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start)
+                    save_checkpoint(work, module, opt, step, time.monotonic() - t_start, time.process_time() - cpu_start, since)
                     break
         finally:
             bar.close()
