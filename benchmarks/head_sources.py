@@ -5,8 +5,9 @@
 
 A run is named SOURCE[@ARCH]: SOURCE one `--data` source or a mix joined by '+' (answers+chitchat), ARCH the
 head's architecture (eagle, the default, or eagle3), so data paths and training paths are measured alike.
-Each run is its own `specdec train-head` (root/RUN.work), all with the same optimiser and schedule; the runs advance in turns, `--chunk` steps each (stop_at), so wherever the script is stopped
-every source has trained about as long, and rerunning it resumes every run where it stopped. Every run
+Each run is its own `specdec train-head` (root/RUN.work), all with the same optimiser and schedule; the
+runs advance in turns, `--chunk` steps each (stop_at), so wherever the script is stopped every run has
+trained about as long, and rerunning it resumes every run where it stopped. Every run
 measures held-out acceptance on the same sequences: the target's answers to the held-out composed prompts
 (training/head_sources.py), which no source trains on. Cost is CPU time (all threads, so core-seconds):
 the data's from data/costs.json (answering and features, per shard), the training's from the log.
@@ -117,7 +118,8 @@ def report() -> None:
         data, evals = run["data"], run["evals"]
         for e in evals:
             acc = e["accept"]
-            lines.append(f"| {source} | {run.get('machine', LEGACY_MACHINE.get(source, 'not recorded'))} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
+            machine = run.get("machine", LEGACY_MACHINE.get(source, "not recorded"))
+            lines.append(f"| {source} | {machine} | {data['positions']} | {data['core_hours']:.2f} | {e['step']} | "
                          f"{e['core_hours']:.2f} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {e['tau']:.2f} |")
     md = a.out.with_suffix(".md")
     kept = md.read_text().partition(READING)[2] if md.exists() else ""  # the written reading stays
