@@ -267,7 +267,10 @@ def auto_compiles(model, kernel: bool) -> bool:
     packed weight that is a graph input (its oneDNN lowering wants a frozen constant), so the graphs go
     through F.linear, and a SmolLM2 step measured 1.02x the lean loop's time for 1 token, 1.11x / 1.19x
     for 4 / 8 (float32) and 1.27-1.30x in bfloat16 (benchmarks/results/compiled_step.md): the small ops
-    the graphs fuse save about what their 31 calls a forward cost in dispatch and guards."""
+    the graphs fuse save about what their 31 calls a forward cost in dispatch and guards. Freezing each
+    layer's weights into a graph of its own instead (inductor's freezing + its CPP GEMM template, which
+    prepacks them) was measured on the same Xeon: a step 0.94x (float32) / 0.84x (bfloat16) the lean loop's,
+    but 88-106 s to compile one bucket, and every bucket's graphs hold their own packed copy: not taken."""
     override = os.environ.get("SPECDEC_COMPILE", "")
     if override not in ("", "0", "1"):
         raise ValueError(f"SPECDEC_COMPILE must be 0 or 1, got {override!r}")
