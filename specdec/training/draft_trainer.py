@@ -208,10 +208,10 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     trainable = body(draft)
     opt = torch.optim.AdamW(trainable.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     work.mkdir(parents=True, exist_ok=True)
-    step, seconds = loop.load_checkpoint(work, trainable, opt)
+    step, seconds, since = loop.load_checkpoint(work, trainable, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = load_saved_draft(Path(args.resume_from), draft, target_print)
-    since = loop.optimiser_since(work, step, args.resume_from is not None)
+        since = step  # AdamW starts afresh at the saved draft's step
     if step == 0:
         with (work / "log.jsonl").open("a") as log:
             log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(

@@ -289,10 +289,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     net.to(device)
     net.init_from_target(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, seconds = loop.load_checkpoint(work, net, opt)
+    step, seconds, since = loop.load_checkpoint(work, net, opt)
     if step == 0 and args.resume_from is not None:
         step, seconds = _load_saved_head(Path(args.resume_from), net)
-    since = loop.optimiser_since(work, step, args.resume_from is not None)
+        since = step  # AdamW starts afresh at the saved head's step
     net.bind(target)  # after any load: the LM-head rows it binds are those of the vocab_ids the head keeps
 
     def batch_loss(i: int):

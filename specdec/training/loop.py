@@ -80,20 +80,12 @@ def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds
     write_text(work / "checkpoint.json", json.dumps(meta))
 
 
-def optimiser_since(work: Path, resumed_step: int, continued: bool) -> int:
-    """The step this run's AdamW state began at (cosine_lr's `since`): the checkpoint's record when the run
-    resumes one, else the saved head's or draft's step when it continues one (`continued`), else 0."""
-    meta = work / "checkpoint.json"
-    if meta.exists():
-        return int(json.loads(meta.read_text()).get("since", 0))
-    return resumed_step if continued else 0
-
-
-def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float]:
-    """(step, training seconds so far) of the checkpoint in `work`, loaded into module and opt; (0, 0) if none."""
+def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float, int]:
+    """(step, training seconds so far, the step opt's state began at: cosine_lr's `since`) of the checkpoint
+    in `work`, loaded into module and opt; (0, 0, 0) if none."""
     meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
     if not (meta_path.exists() and ten_path.exists()):
-        return 0, 0.0
+        return 0, 0.0, 0
     meta = json.loads(meta_path.read_text())
     tensors = load_file(str(ten_path))
     module.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
@@ -103,7 +95,7 @@ def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, floa
             _, i, name = k.split(".", 2)
             opt_state.setdefault(int(i), {})[name] = v
     opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
-    return int(meta["step"]), float(meta.get("seconds", 0.0))
+    return int(meta["step"]), float(meta.get("seconds", 0.0)), int(meta.get("since", 0))
 
 
 def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
@@ -115,7 +107,7 @@ def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, ste
 
     batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`,
     run under bf16 autocast when `compute` (compute_dtype) is bfloat16; evaluate() -> the fields of an
-    evaluation record; since: the step opt's state began at, kept in the checkpoint (optimiser_since).
+    evaluation record; since: the step opt's state began at, kept in the checkpoint (load_checkpoint).
     Returns (the step reached, training seconds in all)."""
     from tqdm.auto import tqdm
 
