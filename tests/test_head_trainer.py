@@ -401,12 +401,14 @@ def test_a_continued_run_warms_its_fresh_optimiser_up_again_and_resumes_with_the
         rows = [json.loads(l) for l in (work / "log.jsonl").read_text().splitlines()]
         return {r["step"]: r["lr"] for r in rows if "lr" in r}
 
-    whole = args(tmp_path, "whole", steps=10, warmup=2, resume_from=first.out)
+    whole = args(tmp_path, "whole", steps=10, warmup=4, resume_from=first.out)
     train_head(whole, target, tok, progress=False)
     got = lrs(whole.work)
-    assert got[5] == pytest.approx(cosine_lr(4, 2e-3, 2, 10) / 2, rel=1e-5)  # step 5 trains batch 4, AdamW's first
-    assert got[6] == pytest.approx(cosine_lr(5, 2e-3, 2, 10), rel=1e-5)
-    part = args(tmp_path, "part", steps=10, warmup=2, resume_from=first.out, stop_at=5)
+    assert got[5] == pytest.approx(cosine_lr(4, 2e-3, 4, 10) / 4, rel=1e-5)  # step 5 trains batch 4, AdamW's first
+    assert got[6] == pytest.approx(cosine_lr(5, 2e-3, 4, 10) * 2 / 4, rel=1e-5)
+    assert got[8] == pytest.approx(cosine_lr(7, 2e-3, 4, 10), rel=1e-5)
+    # interrupted inside the ramp: the resumed run must know where its AdamW began
+    part = args(tmp_path, "part", steps=10, warmup=4, resume_from=first.out, stop_at=5)
     assert train_head(part, target, tok, progress=False) is None
     part.stop_at = None
     train_head(part, target, tok, progress=False)
