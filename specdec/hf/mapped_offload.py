@@ -140,14 +140,10 @@ _active: dict[int, list] = {}
 _mapped_pointers: set[int] = set()
 
 
-def _is_mapped_storage(t: torch.Tensor) -> bool:
-    return t.untyped_storage().data_ptr() in _mapped_pointers
-
-
 def is_mapped_tensor(t: torch.Tensor) -> bool:
     """Does t's data live in one of this process's maps of offloaded files (a weight to read in place, not to
     copy into another layout)?"""
-    return t.device.type == "cpu" and _is_mapped_storage(t)
+    return t.device.type == "cpu" and t.untyped_storage().data_ptr() in _mapped_pointers
 
 
 def _by_identity(table: dict, obj, make):
@@ -194,7 +190,7 @@ def _hold(module, hook) -> bool:
 
     held = _module_tensors(module, hook)
     values = {name: hook.weights_map[name] for name in held}
-    if not held or not all(_is_mapped_storage(v) and v.dtype == held[name].dtype for name, v in values.items()):
+    if not held or not all(is_mapped_tensor(v) and v.dtype == held[name].dtype for name, v in values.items()):
         return False
     for name, value in values.items():
         set_module_tensor_to_device(module, name, "cpu", value=value)
