@@ -413,3 +413,23 @@ def test_a_continued_run_warms_its_fresh_optimiser_up_again_and_resumes_with_the
     part.stop_at = None
     train_head(part, target, tok, progress=False)
     assert lrs(part.work) == got and losses(part.work) == losses(whole.work)
+
+
+def test_the_loop_carries_a_runs_seconds_and_since_through_its_checkpoint(tmp_path):
+    """loop.run continues the clocks it is handed (a resumed run's CPU and wall seconds count from the
+    checkpoint's, not from zero) and its checkpoint gives back the same Progress, `since` included."""
+    from specdec.training import loop
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    x = torch.randn(8, 4)
+    start = loop.Progress(step=3, seconds=50.0, cpu_seconds=100.0, since=2)
+    step, seconds = loop.run(tmp_path, net, opt, start, 5, None, lambda i: 1e-2, lambda i: (net(x).square().mean(), {}, {}),
+                             lambda: {"evaluated": True}, 1, 5, 5.0, "t", False)
+    assert step == 5 and 50.0 <= seconds < 50.0 + 60
+    evals = [json.loads(l) for l in (tmp_path / "log.jsonl").read_text().splitlines() if "evaluated" in l]
+    assert evals[-1]["step"] == 5 and 100.0 <= evals[-1]["cpu_seconds"] < 100.0 + 60
+    back = loop.load_checkpoint(tmp_path, torch.nn.Linear(4, 1), torch.optim.AdamW(net.parameters(), lr=1e-2))
+    assert back.step == 5 and back.since == 2 and back.cpu_seconds >= 100.0 and back.seconds >= 50.0
+    assert loop.load_checkpoint(tmp_path / "none", net, opt) == loop.Progress()

@@ -208,11 +208,11 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     trainable = body(draft)
     opt = torch.optim.AdamW(trainable.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     work.mkdir(parents=True, exist_ok=True)
-    step, seconds, since = loop.load_checkpoint(work, trainable, opt)
-    if step == 0 and args.resume_from is not None:
+    start = loop.load_checkpoint(work, trainable, opt)
+    if start.step == 0 and args.resume_from is not None:
         step, seconds = load_saved_draft(Path(args.resume_from), draft, target_print)
-        since = step  # AdamW starts afresh at the saved draft's step
-    if step == 0:
+        start = loop.Progress(step, seconds, since=step)  # AdamW starts afresh at the saved draft's step
+    if start.step == 0:
         with (work / "log.jsonl").open("a") as log:
             log.write(json.dumps({"step": 0, "heldout_agree": heldout_agreement(
                 draft, target_head, data, max_seqs=args.heldout_seqs or None)}) + "\n")
@@ -222,10 +222,10 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
         loss, agree = loss_and_agreement(draft, target_head, toks, feats[..., -H:], mask)
         return loss, {"agree": round(agree.item(), 4)}, {"agree": f"{agree.item():.2f}"}
 
-    step, seconds = loop.run(work, trainable, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, since),
+    step, seconds = loop.run(work, trainable, opt, start, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, start.since),
                              batch_loss, lambda: {"heldout_agree": heldout_agreement(
                                  draft, target_head, data, max_seqs=args.heldout_seqs or None)},
-                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype, since=since)
+                             args.log_every, args.eval_every, args.ckpt_minutes, "train-draft", progress, dtype)
     if step < args.steps:
         return None
     earlier = {}

@@ -289,10 +289,10 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     net.to(device)
     net.init_from_target(target)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, seconds, since = loop.load_checkpoint(work, net, opt)
-    if step == 0 and args.resume_from is not None:
+    start = loop.load_checkpoint(work, net, opt)
+    if start.step == 0 and args.resume_from is not None:
         step, seconds = _load_saved_head(Path(args.resume_from), net)
-        since = step  # AdamW starts afresh at the saved head's step
+        start = loop.Progress(step, seconds, since=step)  # AdamW starts afresh at the saved head's step
     net.bind(target)  # after any load: the LM-head rows it binds are those of the vocab_ids the head keeps
 
     def batch_loss(i: int):
@@ -300,11 +300,11 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
         loss, stats = loss_terms(net, feats, toks, mask, args.ttt, args.ce_weight)
         return loss, {"steps": stats}, {"agree": f"{stats[0]['agree']:.2f}"}
 
-    step, seconds = loop.run(work, net, opt, step, seconds, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, since),
+    step, seconds = loop.run(work, net, opt, start, args.steps, args.stop_at, lambda i: loop.cosine_lr(i, args.lr, args.warmup, args.steps, start.since),
                              batch_loss, lambda: {"heldout": heldout_acceptance(net, target, data,
                                                                                  max_seqs=args.heldout_seqs or None)},
                              args.log_every, args.eval_every, args.ckpt_minutes, "train", progress, dtype,
-                             None if args.stop_after_s is None else time.monotonic() + args.stop_after_s, since=since)
+                             None if args.stop_after_s is None else time.monotonic() + args.stop_after_s)
     if step < args.steps:
         return None
     final = heldout_acceptance(net, target, data)  # every held-out answer

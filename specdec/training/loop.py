@@ -13,7 +13,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from safetensors.torch import load_file
@@ -80,12 +80,20 @@ def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds
     write_text(work / "checkpoint.json", json.dumps(meta))
 
 
-def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, float, int]:
-    """(step, training seconds so far, the step opt's state began at: cosine_lr's `since`) of the checkpoint
-    in `work`, loaded into module and opt; (0, 0, 0) if none."""
+class Progress(NamedTuple):
+    """Where a run stands: its step, training seconds (wall) and CPU seconds (all threads) so far, across
+    resumes, and the step opt's state began at (cosine_lr's `since`: a continued run's AdamW starts afresh)."""
+    step: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    since: int = 0
+
+
+def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> Progress:
+    """The Progress of the checkpoint in `work`, loaded into module and opt; Progress() if none."""
     meta_path, ten_path = work / "checkpoint.json", work / "checkpoint.safetensors"
     if not (meta_path.exists() and ten_path.exists()):
-        return 0, 0.0, 0
+        return Progress()
     meta = json.loads(meta_path.read_text())
     tensors = load_file(str(ten_path))
     module.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
@@ -95,25 +103,26 @@ def load_checkpoint(work: Path, module: torch.nn.Module, opt) -> tuple[int, floa
             _, i, name = k.split(".", 2)
             opt_state.setdefault(int(i), {})[name] = v
     opt.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
-    return int(meta["step"]), float(meta.get("seconds", 0.0)), int(meta.get("since", 0))
+    return Progress(int(meta["step"]), float(meta.get("seconds", 0.0)), float(meta.get("cpu_seconds", 0.0)),
+                    int(meta.get("since", 0)))
 
 
-def run(work: Path, module: torch.nn.Module, opt, step: int, seconds: float, steps: int, stop_at: int | None,
+def run(work: Path, module: torch.nn.Module, opt, start: Progress, steps: int, stop_at: int | None,
         lr_at: Callable[[int], float], batch_loss: Callable[[int], tuple], evaluate: Callable[[], dict],
         log_every: int, eval_every: int, ckpt_minutes: float, desc: str, progress: bool,
-        compute: torch.dtype = torch.float32, deadline: float | None = None, since: int = 0) -> tuple[int, float]:
-    """Train `module` (the parameters `opt` holds) from `step` to min(steps, stop_at), or until the clock
-    (time.monotonic()) passes `deadline`: a device lent for minutes; the checkpoint is written either way.
+        compute: torch.dtype = torch.float32, deadline: float | None = None) -> tuple[int, float]:
+    """Train `module` (the parameters `opt` holds) from `start` (load_checkpoint's, or a saved module's) to
+    min(steps, stop_at), or until the clock (time.monotonic()) passes `deadline`: a device lent for minutes;
+    the checkpoint (with start.since) is written either way.
 
     batch_loss(step) -> (loss tensor, the log record's fields, the progress bar's fields) for batch `step`,
     run under bf16 autocast when `compute` (compute_dtype) is bfloat16; evaluate() -> the fields of an
-    evaluation record; since: the step opt's state began at, kept in the checkpoint (load_checkpoint).
-    Returns (the step reached, training seconds in all)."""
+    evaluation record. Returns (the step reached, training seconds in all)."""
     from tqdm.auto import tqdm
 
-    t_start = time.monotonic() - seconds
-    meta = work / "checkpoint.json"  # CPU seconds (all threads) of the training so far, across resumes
-    cpu_start = time.process_time() - (json.loads(meta.read_text()).get("cpu_seconds", 0.0) if step and meta.exists() else 0.0)
+    step, since = start.step, start.since
+    t_start = time.monotonic() - start.seconds
+    cpu_start = time.process_time() - start.cpu_seconds
     end = steps if stop_at is None else min(steps, stop_at)
     last_ckpt = time.monotonic()
     bar = tqdm(total=steps, initial=step, desc=desc, disable=not progress)
