@@ -10,4 +10,4 @@ python3 -m venv "$dir"
 # their builds from the package index are not for the CPU torch: importing transformers' model classes
 # fails in torchvision's operator registration; nothing text-only needs them
 "$dir/bin/pip" uninstall -q -y torchvision torchaudio || true
-"$dir/bin/python" -c "import speculators; print('speculators', speculators.__version__)"
+"$dir/bin/python" -c "import importlib.metadata as m, speculators; print('speculators', m.version('speculators'))"
