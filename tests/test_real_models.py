@@ -253,16 +253,25 @@ def test_materialising_is_exact_and_an_interrupted_one_leaves_nothing_behind(smo
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
+# SmolLM2's shipped heads: the default (EAGLE-1/2 style) and the EAGLE-3 one the serving engines load
+SMOLLM2_HEADS = ["smollm2-135m-instruct-head", "smollm2-135m-instruct-eagle3-head"]
+
+
+def _shipped_or_skip(name):
+    if name not in specdec.zoo.heads():
+        pytest.skip(f"no shipped head {name} yet")
+    return name
+
+
+@pytest.mark.parametrize("name", SMOLLM2_HEADS)
 @pytest.mark.parametrize("kw", [dict(draft_length=3), dict(), dict(tree=specdec.TreeSpec.dynamic(nodes=16, depth=5,
                                                                                               topk=4), draft_length=16),
                                 dict(lookup_first=True)],
                          ids=["k=3", "adaptive", "dynamic tree", "behind prompt lookup, adaptive"])
-def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw):
+def test_smollm2_head_keeps_greedy_output_and_drafts_well(smollm2, kw, name):
     from specdec.drafters import FeatureHead, LookupFirst
 
-    name = specdec.zoo.head_for("smollm2-135m-instruct")
-    if name is None:
-        pytest.skip("no shipped head for smollm2-135m-instruct yet")
+    name = _shipped_or_skip(name)
     model, tok = smollm2
     head = FeatureHead.from_pretrained(specdec.zoo.path(name), model)
     if kw.pop("lookup_first", False):
@@ -349,15 +358,16 @@ def test_specdec_chat_by_default_answers_as_smollm2_itself(smollm2):
     assert "tok/s" in r.stdout  # the status line after the answer
 
 
-def test_smollm2_in_bfloat16_keeps_greedy_output_but_at_a_bfloat16_tie(smollm2):
-    """The target's dtype is the user's: SmolLM2 in bfloat16 with its shipped head (the bfloat16 fingerprint)
+@pytest.mark.parametrize("name", SMOLLM2_HEADS)
+def test_smollm2_in_bfloat16_keeps_greedy_output_but_at_a_bfloat16_tie(smollm2, name):
+    """The target's dtype is the user's: SmolLM2 in bfloat16 with a shipped head (the bfloat16 fingerprint)
     and n-gram gives the bfloat16 model's own greedy output, except where its own top-2 logits lie within
     two bfloat16 ulps (a tie another valid kernel may break the other way; reported by the assertion)."""
     from specdec.drafters import FeatureHead
 
     model, tok = smollm2
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    head = FeatureHead.from_pretrained(specdec.zoo.path("smollm2-135m-instruct-head"), bf16)
+    head = FeatureHead.from_pretrained(specdec.zoo.path(_shipped_or_skip(name)), bf16)
     tie = 2 * torch.finfo(torch.bfloat16).eps
     ids = _prompt(bf16, tok)
     ref = bf16.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
@@ -371,3 +381,27 @@ def test_smollm2_in_bfloat16_keeps_greedy_output_but_at_a_bfloat16_tie(smollm2):
             top = bf16(ref[:, :at]).logits[0, -1].float().topk(2).values
         gap = float((top[0] - top[1]) / top[0].abs())
         assert gap <= tie, f"{kw}: differs from bfloat16 greedy at token {at - ids.shape[1]} where its top-2 gap is {gap:.1e}"
+
+
+def test_the_shipped_eagle3_head_exports_by_name_and_loads_back_computing_the_same_drafts(smollm2, tmp_path, capsys):
+    """`specdec export-head smollm2-135m-instruct-eagle3-head` writes the checkpoint vLLM loads; read back,
+    it computes the shipped head's draft logits (float32 export of fp16 weights: exactly) and drafts the
+    target's own greedy output."""
+    from specdec.cli import main
+    from specdec.drafters import FeatureHead
+    from specdec.training.head_data import target_features
+
+    name = _shipped_or_skip("smollm2-135m-instruct-eagle3-head")
+    model, tok = smollm2
+    main(["export-head", name, "--target", "smollm2-135m-instruct", "--out", str(tmp_path / "exported")])
+    assert "'method': 'eagle3'" in capsys.readouterr().out
+    shipped = FeatureHead.from_pretrained(specdec.zoo.path(name), model)
+    loaded = FeatureHead.from_pretrained(tmp_path / "exported", model)
+    assert loaded.feature_layers == shipped.feature_layers
+    ids = _prompt(model, tok)
+    feats = target_features(model, ids[0], shipped.feature_layers)[None, :-1]
+    with torch.no_grad():
+        for a, b in zip(shipped.net.unroll(feats, ids[:, 1:], 3), loaded.net.unroll(feats, ids[:, 1:], 3)):
+            assert torch.equal(shipped.net.logits(a), loaded.net.logits(b))
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+    assert torch.equal(specdec.generate(model, ids, drafter=loaded, draft_length=3, max_new_tokens=16), ref)

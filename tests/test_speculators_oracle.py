@@ -36,6 +36,24 @@ def step_one_logits(head: FeatureHead, features: torch.Tensor, tokens: torch.Ten
         return head.net.logits(head.net.unroll(features[None], tokens[None], 1)[0])[0]
 
 
+def speculators_logits(head: FeatureHead, target, target_dir: Path, seq: torch.Tensor, tmp_path: Path):
+    """speculators' draft logits [T, N] for the head exported, over the target's features of seq [T + 1];
+    also the features [T, F] and next tokens [T] it read (what step_one_logits takes)."""
+    exported = export_eagle3(head.net.float(), target, tmp_path / "exported")
+    features = target_features(target, seq, head.feature_layers)[:-1]
+    tokens, H = seq[1:].contiguous(), target.config.hidden_size
+    fused = features[:, :3 * H].float().contiguous()  # the three fused layers, in the export's order
+    save_file({"features": fused, "tokens": tokens, "positions": torch.arange(len(tokens))},
+              str(tmp_path / "in.safetensors"))
+    subprocess.run([str(SPECULATORS_PYTHON), str(ROOT / "benchmarks/peers/speculators_oracle.py"),
+                    "--head", str(exported), "--target", str(target_dir),
+                    "--inputs", str(tmp_path / "in.safetensors"), "--out", str(tmp_path / "out.safetensors")],
+                   check=True, capture_output=True, timeout=600)
+    theirs = load_file(str(tmp_path / "out.safetensors"))
+    assert theirs["converted_layer_ids"].tolist() == list(head.net.config.fused_layers)
+    return theirs, features, tokens
+
+
 @pytest.mark.parametrize("draft_vocab", [0, 300], ids=["full vocabulary", "reduced vocabulary"])
 def test_speculators_eagle3_model_computes_specdecs_draft_logits(tmp_path, draft_vocab):
     target, tok = specdec.zoo.load("target")
@@ -44,19 +62,8 @@ def test_speculators_eagle3_model_computes_specdecs_draft_logits(tmp_path, draft
         for p in head.net.parameters():
             if p.dim() == 1:
                 p.mul_(1 + 0.3 * torch.randn_like(p))
-    exported = export_eagle3(head.net, target, tmp_path / "exported")
     seq = tok("def merge(left, right):\n    out = []\n    while left and right:", return_tensors="pt").input_ids[0]
-    features = target_features(target, seq, head.feature_layers)[:-1]
-    tokens, H = seq[1:].contiguous(), target.config.hidden_size
-    fused = features[:, :3 * H].float().contiguous()  # the three fused layers, in the export's order
-    save_file({"features": fused, "tokens": tokens, "positions": torch.arange(len(tokens))},
-              str(tmp_path / "in.safetensors"))
-    subprocess.run([str(SPECULATORS_PYTHON), str(ROOT / "benchmarks/peers/speculators_oracle.py"),
-                    "--head", str(exported), "--target", str(specdec.zoo.path("target")),
-                    "--inputs", str(tmp_path / "in.safetensors"), "--out", str(tmp_path / "out.safetensors")],
-                   check=True, capture_output=True, timeout=600)
-    theirs = load_file(str(tmp_path / "out.safetensors"))
-    assert theirs["converted_layer_ids"].tolist() == list(head.net.config.fused_layers)
+    theirs, features, tokens = speculators_logits(head, target, specdec.zoo.path("target"), seq, tmp_path)
     ours = step_one_logits(head, features, tokens)
     assert theirs["logits"].shape == ours.shape == (len(tokens), draft_vocab or target.config.vocab_size)
     assert (theirs["logits"] - ours).abs().max() <= TOLERANCE
@@ -69,3 +76,24 @@ def test_speculators_eagle3_model_computes_specdecs_draft_logits(tmp_path, draft
         layer.input_layernorm.weight.copy_(b)
         layer.hidden_norm.weight.copy_(a)
     assert (theirs["logits"] - step_one_logits(head, features, tokens)).abs().max() > 100 * TOLERANCE
+
+
+def test_speculators_computes_the_shipped_smollm2_eagle3_heads_drafts(tmp_path):
+    """The same oracle on a real target and trained weights: the shipped EAGLE-3 head over SmolLM2's own
+    features of a chat turn (its fp16 weights exported in float32, what vLLM would load)."""
+    name = "smollm2-135m-instruct-eagle3-head"
+    if name not in specdec.zoo.heads():
+        pytest.skip(f"no shipped head {name} yet")
+    if specdec.zoo.status("smollm2-135m-instruct") == "not installed":
+        pytest.skip("smollm2-135m-instruct is not installed: specdec zoo get smollm2-135m-instruct")
+    target, tok = specdec.zoo.load("smollm2-135m-instruct")
+    head = FeatureHead.from_pretrained(specdec.zoo.path(name), target)
+    msgs = [{"role": "user", "content": "How do I keep basil alive on a windowsill?"}]
+    seq = torch.tensor(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"])
+    theirs, features, tokens = speculators_logits(head, target, specdec.zoo.path("smollm2-135m-instruct"), seq,
+                                                  tmp_path)
+    ours = step_one_logits(head, features, tokens)
+    assert theirs["logits"].shape == ours.shape == (len(tokens), head.net.config.draft_vocab)
+    assert (theirs["logits"] - ours).abs().max() <= TOLERANCE * max(1.0, float(ours.abs().max()))
+    assert torch.equal(theirs["logits"].argmax(-1), ours.argmax(-1))
