@@ -138,4 +138,4 @@ def test_shipped_heads_load_for_their_targets_and_not_as_models():
     card = specdec.zoo.card("target-head")
     assert card["modes"]["adaptive"]["tau"] > 1 and card["trained"]["train_tokens"] > 0
     total = sum(f.stat().st_size for h in heads for f in specdec.zoo.path(h).iterdir())
-    assert total <= 30 * 2 ** 20  # every shipped head together: at most 30 MB
+    assert total <= 40 * 2 ** 20  # every shipped head together (fp16): at most 40 MB (the EAGLE-3 SmolLM2 head is 20)

@@ -19,9 +19,10 @@ the prompts, every generation timed alone. Run the engines alternately, twice ea
 
 Modes: vLLM target-only and n-gram (k = 4); specdec plain with its default step (step="auto": which
 step ran is in the table) and with the compiled step, the shipped head adaptive and n-gram + head; HF
-generate() as the common yardstick. With `--eagle3 DIR` (an EAGLE-3 head `specdec export-head` wrote; the
-shipped head is of the older kind, which vLLM has no layout for), both engines also draft with that head:
-vLLM a chain of `--k`, specdec the same chain and adaptive. Tau and acceptance by position are counted
+generate() as the common yardstick. With `--eagle3 DIR` (an EAGLE-3 head `specdec export-head` wrote: the
+shipped one is `specdec export-head smollm2-135m-instruct-eagle3-head --target smollm2-135m-instruct --out
+DIR`; the default shipped head is of the older kind, which vLLM has no layout for), both engines also draft
+with that head: vLLM a chain of `--k`, specdec the same chain and adaptive. Tau and acceptance by position are counted
 the same way for both engines (vLLM's counters: per step that drafted), per timed generation.
 Prompts: benchmarks/prompts/chat.jsonl in the model's chat template (no training run used them).
 Greedy output is compared token for token with HF's.
