@@ -389,7 +389,7 @@ def test_the_shipped_eagle3_head_exports_by_name_and_loads_back_computing_the_sa
     target's own greedy output."""
     from specdec.cli import main
     from specdec.drafters import FeatureHead
-    from specdec.training.head_data import target_features
+    from test_eagle_format import draft_logits
 
     name = _shipped_or_skip("smollm2-135m-instruct-eagle3-head")
     model, tok = smollm2
@@ -399,9 +399,7 @@ def test_the_shipped_eagle3_head_exports_by_name_and_loads_back_computing_the_sa
     loaded = FeatureHead.from_pretrained(tmp_path / "exported", model)
     assert loaded.feature_layers == shipped.feature_layers
     ids = _prompt(model, tok)
-    feats = target_features(model, ids[0], shipped.feature_layers)[None, :-1]
-    with torch.no_grad():
-        for a, b in zip(shipped.net.unroll(feats, ids[:, 1:], 3), loaded.net.unroll(feats, ids[:, 1:], 3)):
-            assert torch.equal(shipped.net.logits(a), loaded.net.logits(b))
+    for a, b in zip(draft_logits(shipped, model, ids[0]), draft_logits(loaded, model, ids[0])):
+        assert torch.equal(a, b)
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
     assert torch.equal(specdec.generate(model, ids, drafter=loaded, draft_length=3, max_new_tokens=16), ref)
