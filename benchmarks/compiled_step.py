@@ -81,7 +81,7 @@ def measure(model, n: int, repeats: int) -> dict:
 
     dt = next(model.parameters()).dtype
     hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
-    g = compiled.PRODUCT_FORM if dt == torch.float32 else (0, 0)
+    g = compiled.product_form(model.lm_head.weight)
     prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
     rounds = {k: [] for k in ("lean", "compiled", "lean weights", "compiled weights")}
     with torch.no_grad(), specdec_attention(model):

@@ -1,15 +1,18 @@
 """What a block of n tokens costs the target's forward, by how its linears multiply: do multiplying short
-blocks weight-first (specdec/hf/linear.py) and weights packed for oneDNN (specdec/hf/packed.py) pay?
+blocks through specdec's row kernel (specdec/kernels/cpu_rows.py) or weight-first (specdec/hf/linear.py),
+and weights packed for oneDNN (specdec/hf/packed.py) pay?
 
     python benchmarks/linear_rows.py --target smollm2-135m-instruct
 
 Times one forward of the target's lean loop (hf/lean.py, the path specdec's engine runs) over a block
-of n new tokens after a 128-token cached context, three ways: short blocks multiplied weight-first
-(W @ xᵀ), blocks past hf/packed.py's row count through packed weights, and `F.linear` throughout as
-HF's modules do; all settings and block sizes alternating round by round, medians; plus HF's own
+of n new tokens after a 128-token cached context, four ways: short blocks (up to 16 rows) through
+specdec's row kernel (where it builds: AVX2 and FMA and a C++ compiler), short blocks multiplied
+weight-first (W @ xᵀ), blocks past hf/packed.py's row count through packed weights, and `F.linear`
+throughout as HF's modules do; all settings and block sizes alternating round by round, medians; plus HF's own
 modules on the same block (`model(...)` with its KV cache) for reference. The ratio column is what the
-speculative engine's cost model sees: a block of n tokens against one token. The weight-first and
-packed columns are forced on whatever this machine's rules chose (the header says what they chose).
+speculative engine's cost model sees: a block of n tokens against one token. The row-kernel,
+weight-first and packed columns are forced on whatever this machine's rules chose (the header says what
+they chose).
 `--profile` adds where HF's forward spends it: the matrix products of one profiled forward per block size
 by weight shape (torch.profiler, `aten::mm` self time), which shows a block size falling onto a slow GEMM
 kernel (on an AMD EPYC, SmolLM2's 3-token block cost more than its 4-token one: results/block_cost.md,
@@ -30,6 +33,7 @@ from specdec.cache.pool import BlockTable, PagePool
 from specdec.hf import linear, packed
 from specdec.hf.attention import specdec_attention
 from specdec.hf.lean import LeanRunner
+from specdec.kernels import cpu_rows
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -49,12 +53,29 @@ g = torch.Generator().manual_seed(0)
 context = torch.randint(0, vocab, (a.context,), generator=g)
 if LeanRunner.for_model(model, PagePool(1, 16), None, exact=True) is None:
     sys.exit(f"{a.target}: the lean loop does not certify itself for this model")
-# one lean runner per setting (short blocks weight-first, packed weights), each over its own pages
-# holding the same context
-SETTINGS = {"lean, short blocks weight-first": (True, False), "lean, packed weights": (False, True),
-            "lean, F.linear": (False, False)}
-runners = {s: LeanRunner(model, pool, BlockTable(pool), short_blocks=s[0], packed=s[1])
-           for s, pool in ((s, PagePool(64, 16)) for s in SETTINGS.values())}
+# one lean runner per setting (short blocks through the row kernel or weight-first, packed weights), each
+# over its own pages holding the same context; a runner fixes its linears' paths when it is made, so the
+# row kernel's switch (hf/linear.py) is set around each construction
+machine = linear.machine()
+SETTINGS = {"lean, short blocks weight-first": (True, False, "0"), "lean, packed weights": (False, True, "0"),
+            "lean, F.linear": (False, False, "0")}
+kernel_off = cpu_rows.load()
+if kernel_off is None:
+    SETTINGS = {"lean, row kernel": (True, False, "1"), **SETTINGS}
+else:
+    print(f"no row-kernel column: {kernel_off}")
+
+
+def make_runner(short_blocks: bool, packed_weights: bool, row_kernel: str) -> LeanRunner:
+    linear.ROW_KERNEL_OVERRIDE, before = row_kernel, linear.ROW_KERNEL_OVERRIDE
+    try:
+        pool = PagePool(64, 16)
+        return LeanRunner(model, pool, BlockTable(pool), short_blocks=short_blocks, packed=packed_weights)
+    finally:
+        linear.ROW_KERNEL_OVERRIDE = before
+
+
+runners = {s: make_runner(*s) for s in SETTINGS.values()}
 
 
 def lean(n: int, setting: tuple) -> float:
@@ -97,8 +118,9 @@ hf1 = one["HF modules"]
 lines = ["# The target's forward cost by block size and how its linears multiply", "",
          f"`python benchmarks/linear_rows.py {' '.join(sys.argv[1:])}`", "",
          f"{a.target} ({str(dtype).removeprefix('torch.')}), {a.threads} threads, {a.context}-token cached context, "
-         f"{a.rounds} rounds alternating modes and block sizes, medians; weight-first column up to "
-         f"{linear.SHORT_BLOCK_ROWS} rows, packed column {packed.describe().removeprefix('packed weights: ')}. Machine: {linear.machine()}. "
+         f"{a.rounds} rounds alternating modes and block sizes, medians; row-kernel column up to {cpu_rows.MAX_ROWS} rows, "
+         f"weight-first column up to {linear.SHORT_BLOCK_ROWS} rows, packed column "
+         f"{packed.describe().removeprefix('packed weights: ')}. Machine: {machine}. "
          f"'vs HF 1' divides by HF's own one-token forward ({hf1:.1f} ms).", "",
          "| block (tokens) | " + " | ".join(f"{m} ms | vs its 1 | vs HF 1" for m in modes) + " |",
          "|---|" + "---|---|---|" * len(modes)]
@@ -126,7 +148,7 @@ Path(a.out + ".md").write_text("\n".join(lines) + "\n")
 Path(a.out + ".json").write_text(json.dumps({"target": a.target, "threads": a.threads, "context": a.context,
                                              "max_rows": linear.SHORT_BLOCK_ROWS,
                                              "packed_from_rows": {str(d): n for d, n in packed.FROM_ROWS.items()},
-                                             "machine": linear.machine(),
+                                             "machine": machine, "row_kernel_rows": cpu_rows.MAX_ROWS if kernel_off is None else 0,
                                              "ms": {f"{m}|{n}": v for (m, n), v in med.items()},
                                              **({"mm_ms": mm} if mm else {})}, indent=1))
 print("\n".join(lines))

@@ -10,6 +10,7 @@ import torch
 
 import specdec
 from specdec.hf import compiled, packed
+from specdec.kernels import cpu_rows
 from specdec.hf.compiled import BUCKETS, CompiledRunner, auto_compiles, bucket_for, steps_for
 
 from conftest import build, hf_greedy, tiny_vocab_model
@@ -62,13 +63,14 @@ def test_greedy_equals_hf_after_rollbacks(arch):
 
 
 def test_greedy_with_every_product_form(target, monkeypatch):
-    """Float32 products as inductor reductions, weight-first and through F.linear (PRODUCT_FORM: the first
-    two where MKL is slow for short blocks): every form gives the target's greedy output, whichever this
-    machine's rule picked. Buckets 1, 2 and 4 are compiled and checked against the lean loop before the
-    prefill; the generation verifies 4 rows a step."""
+    """Float32 products through the row kernel (where it builds), as inductor reductions, weight-first and
+    through F.linear (product_form: the first three where MKL is slow for short blocks): every form gives
+    the target's greedy output, whichever this machine's rule picked. Buckets 1, 2 and 4 are compiled and
+    checked against the lean loop before the prefill; the generation verifies 4 rows a step."""
     ref = hf_greedy(target, PROMPT, 30)
-    for form in ((0, 0), (8, 8), (2, 16)):
-        monkeypatch.setattr(compiled, "PRODUCT_FORM", form)
+    forms = [(0, 0, 0), (0, 8, 8), (0, 2, 16)] + ([(16, 0, 0)] if cpu_rows.load() is None else [])
+    for form in forms:
+        monkeypatch.setattr(compiled, "product_form", lambda weight: form)
         model = build("llama", seed=0, layers=3, scale=3.0)  # a fresh model: its buckets compile anew
         seq, _ = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
         assert torch.equal(seq, ref)

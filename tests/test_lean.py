@@ -6,6 +6,7 @@ import specdec
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.drafters.model import ModelDrafter
 from specdec.hf.attention import specdec_attention
+from specdec.hf import linear
 from specdec.hf.cache import StepMeta
 from specdec.hf.lean import LeanRunner, rope, rotate_half
 from specdec.hf.runner import ModelRunner
@@ -43,7 +44,8 @@ def test_lean_forward_matches_the_hf_modules_past_the_sliding_window(arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch):
+@pytest.mark.parametrize("row_kernel", ["0", "1"])
+def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch, row_kernel, monkeypatch):
     """A tree grown one depth per forward (forward_tree with earlier nodes in the block), past mistral's
     sliding window: the lean loop's logits equal the HF modules' exactly, and the pages hold the same KV."""
     model = build(arch, seed=1)
@@ -64,8 +66,10 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch):
         pages.append(torch.cat([torch.cat(runner.kv.gather(i, runner.table.slots(0, 17))) for i in range(runner.num_layers)]))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(pages[0], pages[1])
-    # short blocks weight-first (the engine's setting where the machine's rule turns it on): the same
-    # numbers to rounding, the same greedy tokens
+    # short blocks through the row kernel or weight-first (the engine's setting where the machine's rules
+    # turn them on): the same numbers to rounding, the same greedy tokens
+    monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", row_kernel)
+    assert linear.row_kernel_ready() == (row_kernel == "1")  # x86 with AVX2 and a compiler, as inductor needs
     pool = PagePool(8, 4)
     runner = LeanRunner(model, pool, BlockTable(pool), short_blocks=True)
     with specdec_attention(model):

@@ -53,6 +53,7 @@ def test_the_weight_first_path_is_taken_for_short_float32_blocks_only(monkeypatc
 @pytest.mark.parametrize("rows_on_this_machine", [0, 6])
 def test_linear_rows_follows_the_machine_rule(monkeypatch, rows_on_this_machine):
     monkeypatch.setattr(linear, "WEIGHT_FIRST_MAX_ROWS", rows_on_this_machine)
+    monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", "0")  # the row kernel's own rule: tests/test_cpu_rows.py
     calls = _count_mm(monkeypatch)
     w = torch.randn(16, 8)
     linear_rows(torch.randn(2, 8), w)

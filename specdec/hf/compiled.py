@@ -7,9 +7,11 @@ residuals, SwiGLU, views, dispatch) on top of reading its 538 MB of weights, and
 float32 with MKL on a CPU that is not Intel's (hf/linear.py), the one-to-few-row products themselves read
 the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C++ backend) fuses each
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
-such a machine (`PRODUCT_FORM`) multiplies one or two rows as reductions it vectorises itself (reading
-each weight once for both rows) and 3-16 rows weight-first: a SmolLM2 token 63.5 -> 38.4 ms on an AMD
-EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md).
+such a machine (`product_form`) multiplies blocks of up to 16 rows through specdec's row kernel
+(kernels/cpu_rows.py), or without it one or two rows as reductions it vectorises itself (reading each
+weight once for both rows) and 3-16 rows weight-first. On an AMD EPYC (2 threads,
+benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 32.3 ms against the lean
+loop's 36.1 (both through the row kernel; before it, 38.4 against 63.5), 8 tokens 42.1 against 44.0.
 
 What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
@@ -48,6 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
+from ..kernels import cpu_rows
 from . import linear, packed
 from .attention import specdec_attention
 from .cache import StepMeta
@@ -56,13 +59,23 @@ from .lean import LeanRunner, _select_rows, attend_rows, rope
 log = logging.getLogger("specdec")
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
-# how a float32 block's products multiply, by its rows: (most rows as inductor reductions, most rows
-# weight-first), on the machines where MKL's own short-block products are slow (the weight-first rule's,
-# hf/linear.py). Measured there (AMD EPYC, 2 threads, a whole SmolLM2 step): 1 row 34 ms as reductions
-# against 73 through F.linear; 2 rows 53 against 60 weight-first; 4 rows 67 weight-first against 97 as
-# reductions or F.linear; 8 rows 104 against 154 (F.linear) and 184 (reductions); 16 rows 104 against 149.
-# (0, 0): every product through F.linear (inductor calls the BLAS), as elsewhere.
-PRODUCT_FORM = (2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else (0, 0)
+# how a block's products multiply, by its rows: (most rows through specdec's row kernel, most rows as
+# inductor reductions, most rows weight-first). Where MKL's own short-block products are slow (the
+# weight-first rule's machines, hf/linear.py) and the row kernel builds (kernels/cpu_rows.py), it takes
+# every bucket up to its 16 rows, float32 or bfloat16. Without it, a float32 block there (measured: AMD
+# EPYC, 2 threads, a whole SmolLM2 step): 1 row 34 ms as reductions against 73 through F.linear; 2 rows 53
+# against 60 weight-first; 4 rows 67 weight-first against 97 as reductions or F.linear; 8 rows 104 against
+# 154 (F.linear) and 184 (reductions); 16 rows 104 against 149: WEIGHT_FIRST_FORM.
+# NO_FORM: every product through F.linear (inductor calls the BLAS), as elsewhere.
+WEIGHT_FIRST_FORM = (0, 2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else (0, 0, 0)
+NO_FORM = (0, 0, 0)
+
+
+def product_form(weight: torch.Tensor) -> tuple:
+    """The form (above) of a model whose weights are like this one (its LM head's)."""
+    if linear.row_kernel_takes(weight):
+        return (cpu_rows.MAX_ROWS, 0, 0)
+    return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
 ACTIVATIONS = {"silu": F.silu}
 
 
@@ -72,9 +85,12 @@ def bucket_for(n: int) -> int | None:
 
 
 def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, form: tuple) -> torch.Tensor:
-    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out], in the form PRODUCT_FORM gives for B rows: one
-    reduction per row (inductor fuses them into one loop over w), weight-first (w @ xᵀ), or F.linear."""
-    gemv_rows, weight_first_rows = form
+    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out], in the form product_form gives for B rows: the row
+    kernel, one reduction per row (inductor fuses them into one loop over w), weight-first (w @ xᵀ), or
+    F.linear."""
+    kernel_rows, gemv_rows, weight_first_rows = form
+    if x.shape[0] <= kernel_rows:
+        return cpu_rows.rows_linear(x, w, bias)
     if x.shape[0] <= gemv_rows:
         y = torch.stack([(x[j] * w).sum(-1) for j in range(x.shape[0])])
     elif x.shape[0] <= weight_first_rows:
@@ -303,8 +319,7 @@ class CompiledRunner(LeanRunner):
         self.final_norm_w, self.head_w = inner.norm.weight, model.lm_head.weight
         self.dims = (self.hq, self.hkv, self.head_dim, inner.norm.variance_epsilon)
         self.act = model.config.get_text_config().hidden_act
-        on_form = self.head_w.device.type == "cpu" and self.head_w.dtype == torch.float32
-        self.form = PRODUCT_FORM if on_form else (0, 0)
+        self.form = product_form(self.head_w)
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     @classmethod

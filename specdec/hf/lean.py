@@ -11,9 +11,9 @@ through the HF modules as usual, on the same pages, same layout.
 
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
 the HF path's, with two deliberate exceptions in how a linear multiplies, both fixed per machine: on a
-CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), float32 blocks of up to 6 rows
-multiply weight-first (hf/linear.py: the same sums in another order, last-bit differences, up to 2x
-cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
+CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), blocks of up to 16 rows multiply
+through specdec's row kernel, or float32 blocks of up to 6 rows weight-first where it does not build
+(hf/linear.py: the same sums in another order, last-bit differences, 1.5-3x cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
 through weights packed once for oneDNN (hf/packed.py: float32 differs in the last bits, bfloat16 gives
 the same numbers; a 4-8 token verification costs about one token's forward), with q/k/v and gate/up on
 that path as one packed product each (PackedJoined: the same numbers, but for a bfloat16 long prefill's
@@ -47,7 +47,7 @@ from ..cache.pool import BlockTable, PagePool
 from ..quantize import QuantizedLinear, joined
 from .cache import StepMeta
 from . import linear, packed as packed_path
-from .linear import bound_linear, weight_first_rows
+from .linear import bound_linear, short_blocks_linear
 from .packed import FROM_ROWS, PackedJoined, PackedLinear, PackedQuantizedLinear, can_join, can_pack, can_pack_quantized
 from .runner import ModelRunner
 
@@ -59,14 +59,14 @@ _verdicts: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDiction
 
 def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references to the module's
-    weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short float32
-    blocks weight-first (hf/linear.py); packed: blocks past hf/packed.py's row count through the weight
+    weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short blocks
+    through the row kernel or weight-first (hf/linear.py); packed: blocks past hf/packed.py's row count through the weight
     packed for oneDNN. Both False: F.linear throughout, as HF's modules do."""
     if isinstance(m, QuantizedLinear):
         return PackedQuantizedLinear(m) if packed and can_pack_quantized(m) else m.bound_forward()
     if type(m) is not nn.Linear:
         raise TypeError(f"unsupported linear {type(m).__name__}")
-    plain = (lambda x: weight_first_rows(x, m.weight, m.bias)) if short_blocks else bound_linear(m.weight, m.bias)
+    plain = short_blocks_linear(m.weight, m.bias) if short_blocks else bound_linear(m.weight, m.bias)
     if packed and can_pack(m.weight):
         return PackedLinear(m, plain)
     return plain
@@ -148,8 +148,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.
 
 
 class LeanRunner(ModelRunner):
-    """short_blocks: None (default) multiplies short blocks weight-first where this machine's rule says so
-    (hf/linear.py); True always; False never. packed: None (default) multiplies through packed weights
+    """short_blocks: None (default) multiplies short blocks through the row kernel or weight-first where
+    this machine's rules say so (hf/linear.py); True always; False never. packed: None (default) multiplies through packed weights
     where this machine's rule says so (hf/packed.py); True wherever torch can; False never. Both False:
     every block through F.linear, as HF's modules do (the probe's setting). fused (a draft's runner, whose
     numbers only move acceptance): a quantized draft's q/k/v and gate/up as one product each, torch's one-op
@@ -162,7 +162,7 @@ class LeanRunner(ModelRunner):
                  short_blocks: bool | None = None, packed: bool | None = None, fused: bool = False):
         super().__init__(model, pool, table, kernel)
         if short_blocks is None:
-            short_blocks = linear.WEIGHT_FIRST_MAX_ROWS > 0
+            short_blocks = linear.short_blocks_on()
         if packed is None:
             packed = packed_path.PACKED
         cfg = model.config.get_text_config()

@@ -9,8 +9,9 @@ bandwidth, and two to five rows to a GEMM that packs the whole weight matrix per
 tokens cost 2.1x decoding one on SmolLM2-135M and 3x on Qwen2.5-Coder-1.5B. Asking the same library
 for the transposed product, W [out, in] @ xᵀ [in, n] with xᵀ a view of a contiguous x, streams the
 weights once; a single row is doubled to two (the one-row kernel is the slow one). On that EPYC a
-SmolLM2 forward over 1-6 tokens then cost about what a one-token forward through `F.linear` did
-(benchmarks/results/linear_rows_amd_epyc.md). On an Intel Xeon (Sapphire Rapids, measured) it is the
+SmolLM2 forward over 2-6 tokens then costs 0.54-0.75x what it does through `F.linear`; over one token
+the doubled row has measured both ways (0.7x on 2026-12-01, 1.2x in the rerun that added the row
+kernel's column: benchmarks/results/linear_rows_amd_epyc.md). On an Intel Xeon (Sapphire Rapids, measured) it is the
 other way round: MKL's own kernels read the weights at full bandwidth for 1-3 rows and weight-first
 halves it (results/linear_rows.md). Hence the rule: weight-first for 1-6 rows when torch multiplies
 with MKL on a CPU that is not Intel's; `F.linear` everywhere else. The environment variable
@@ -25,17 +26,29 @@ with weight-first off), and the target's greedy output is checked against HF's o
 float32 weights on the CPU take this path (bfloat16 GEMMs go through oneDNN, which does not need it,
 and a GPU's BLAS has no such cliff).
 
+Where the CPU has AVX2 and FMA and a C++ compiler is at hand, the same machines go further: short
+blocks of up to 16 rows, float32 or bfloat16, through specdec's own kernel (kernels/cpu_rows.py: each
+weight row read once for every row of x, on both threads). On the EPYC it reads float32 weights 1.7-3x
+faster than MKL's product for 1-8 rows and bfloat16 ones 2-4.4x faster than oneDNN for 2-16
+(results/cpu_rows_amd_epyc.md); a SmolLM2 forward over 1-16 tokens costs 37-70 ms where `F.linear`
+takes 50-113 (float32) and 30-73 ms where it takes 30-280 (bfloat16; results/linear_rows_amd_epyc.md,
+linear_rows_bf16_amd_epyc.md). `SPECDEC_ROW_KERNEL` (1: on wherever it builds, 0: off) overrides its
+rule (on where weight-first is); where it does not build, one warning names why and weight-first serves.
+
 Shapes: x [..., in] (the weight's dtype), weight [out, in], bias [out] or None -> [..., out]; n is the
 number of rows, x.numel() / in.
 """
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cpu_rows
 from . import packed
 from .cpu import cpu_name, cpu_vendor
 
@@ -45,8 +58,9 @@ SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8
 def machine() -> str:
     """One line for benchmark headers: the CPU, its vendor, the BLAS and what the two rules chose."""
     blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
-    return (f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {blas}): short blocks weight-first up to "
-            f"{WEIGHT_FIRST_MAX_ROWS} rows; {packed.describe()}")
+    short = (f"through specdec's row kernel up to {cpu_rows.MAX_ROWS} rows" if row_kernel_ready() else
+             f"weight-first up to {WEIGHT_FIRST_MAX_ROWS} rows (row kernel off: {row_kernel_reason()})")
+    return f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {blas}): short blocks {short}; {packed.describe()}"
 
 
 def short_block_rows(vendor: str, blas_is_mkl: bool, override: str | None = None) -> int:
@@ -61,6 +75,60 @@ def short_block_rows(vendor: str, blas_is_mkl: bool, override: str | None = None
 
 WEIGHT_FIRST_MAX_ROWS = short_block_rows(cpu_vendor(), torch.backends.mkl.is_available(),
                                          os.environ.get("SPECDEC_WEIGHT_FIRST"))
+
+
+ROW_KERNEL_OVERRIDE = os.environ.get("SPECDEC_ROW_KERNEL")
+if ROW_KERNEL_OVERRIDE not in (None, "", "0", "1"):
+    raise ValueError(f"SPECDEC_ROW_KERNEL must be 0 or 1, got {ROW_KERNEL_OVERRIDE!r}")
+
+
+def row_kernel_reason() -> str | None:
+    """Why short blocks do not go through kernels/cpu_rows.py's kernel here (None: they do). Builds and
+    loads the kernel on the first call where the rule wants it; warns once when it cannot."""
+    if ROW_KERNEL_OVERRIDE == "0":
+        return "SPECDEC_ROW_KERNEL=0"
+    if ROW_KERNEL_OVERRIDE != "1" and WEIGHT_FIRST_MAX_ROWS == 0:
+        return "this machine's BLAS serves short blocks (the weight-first rule is off)"
+    return _loaded()
+
+
+@functools.cache
+def _loaded() -> str | None:
+    reason = cpu_rows.load()
+    if reason is not None:
+        warnings.warn(f"specdec's row kernel is off, short blocks multiply weight-first: {reason}", stacklevel=3)
+    return reason
+
+
+def short_blocks_on() -> bool:
+    """Do runners take the short-block path (short_blocks_linear) on this machine by default?"""
+    return WEIGHT_FIRST_MAX_ROWS > 0 or ROW_KERNEL_OVERRIDE == "1"
+
+
+def row_kernel_ready() -> bool:
+    return row_kernel_reason() is None
+
+
+def row_kernel_takes(weight: torch.Tensor) -> bool:
+    """Does this weight's short blocks go through the row kernel (float32 or bfloat16, contiguous, on a
+    CPU, where the kernel is on)?"""
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.is_contiguous() and row_kernel_ready())
+
+
+def short_blocks_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [..., in] -> F.linear(x, weight, bias), short blocks through the row kernel where it takes this
+    weight (up to cpu_rows.MAX_ROWS rows), else weight-first up to SHORT_BLOCK_ROWS rows; longer ones
+    through F.linear. The choice of path is made once, here."""
+    if not row_kernel_takes(weight):
+        return lambda x: weight_first_rows(x, weight, bias)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        n = x.numel() // max(x.shape[-1], 1)
+        if not 0 < n <= cpu_rows.MAX_ROWS:
+            return F.linear(x, weight, bias)
+        return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return forward
 
 
 def weight_first(weight: torch.Tensor) -> bool:
@@ -99,6 +167,9 @@ def bound_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Call
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), short blocks weight-first where this machine's rule says so
-    (up to WEIGHT_FIRST_MAX_ROWS rows; see the module doc)."""
+    """F.linear(x, weight, bias), short blocks through the row kernel or weight-first where this machine's
+    rules say so (see the module doc)."""
+    n = x.numel() // max(x.shape[-1], 1)
+    if 0 < n <= cpu_rows.MAX_ROWS and row_kernel_takes(weight):
+        return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
     return weight_first_rows(x, weight, bias, WEIGHT_FIRST_MAX_ROWS)

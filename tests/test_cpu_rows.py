@@ -1,0 +1,150 @@
+"""specdec's CPU row kernel (kernels/cpu_rows.py): the product to float32 rounding for every row count,
+shape and dtype it takes; clear errors; a build that fails leaves nothing; hf/linear.py's rule puts short
+blocks on it, and off it with one warning where it cannot load."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdec.hf import linear
+from specdec.kernels import cpu_rows
+
+pytestmark = pytest.mark.skipif(not cpu_rows.cpu_supports(), reason="the row kernel needs an x86 CPU with AVX2 and FMA")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    assert cpu_rows.load() is None  # builds here: a compiler is present wherever inductor runs
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_is_the_product_to_rounding_for_every_row_count(rows, dtype):
+    g = torch.Generator().manual_seed(rows)
+    # 203 output rows: blocks of 4 and 64 with remainders; 100 inputs: 12 vectors of 8 and a tail of 4
+    w, x, b = (torch.randn(203, 100, generator=g).to(dtype), torch.randn(rows, 100, generator=g).to(dtype),
+               torch.randn(203, generator=g).to(dtype))
+    ref = cpu_rows.rows_linear_ref(x, w, b)
+    got = cpu_rows.rows_linear(x, w, b)
+    assert got.dtype == dtype and got.shape == (rows, 203)
+    if dtype == torch.float32:
+        assert torch.allclose(got, ref, atol=2e-5, rtol=1e-5)
+    else:  # the same float32 sum rounded once to bfloat16: at most one bfloat16 step apart
+        assert ((got.float() - ref.float()).abs() <= ref.float().abs() * 2 ** -7 + 1e-6).all()
+    assert torch.allclose(cpu_rows.rows_linear(x, w).float(), cpu_rows.rows_linear_ref(x, w).float(),
+                          atol=2e-5 if dtype == torch.float32 else 0.1, rtol=1e-2)
+
+
+def test_every_output_row_is_computed_whatever_the_thread_count():
+    """Each thread's share of the weight rows is written (an output left as uninitialised memory would show
+    as a mismatch), on one thread and on several."""
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(1030, 64, generator=g), torch.randn(5, 64, generator=g)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert torch.allclose(cpu_rows.rows_linear(x, w), F.linear(x, w), atol=2e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_strided_and_empty_inputs():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 24, generator=g)
+    x = torch.randn(24, 3, generator=g).t()  # [3, 24], not contiguous
+    assert torch.allclose(cpu_rows.rows_linear(x, w), F.linear(x, w), atol=1e-5)
+    assert cpu_rows.rows_linear(torch.empty(0, 24), w).shape == (0, 40)
+
+
+@pytest.mark.parametrize("x, w, b, message", [
+    (torch.randn(2, 8), torch.randn(4, 9), None, "x \\[n, in\\] and weight \\[out, in\\]"),
+    (torch.randn(2, 8), torch.randn(4, 8).bfloat16(), None, "both float32 or both bfloat16"),
+    (torch.randn(2, 8).half(), torch.randn(4, 8).half(), None, "both float32 or both bfloat16"),
+    (torch.randn(2, 8), torch.randn(8, 4).t(), None, "the weight must be contiguous"),
+    (torch.randn(2, 8), torch.randn(4, 8), torch.randn(5), "bias \\[out\\]"),
+])
+def test_bad_input_gets_an_error_naming_it(x, w, b, message):
+    with pytest.raises(RuntimeError, match=message):
+        cpu_rows.rows_linear(x, w, b)
+
+
+def test_compiled_graphs_call_the_kernel():
+    """torch.compile sees the op through its fake implementation and calls the kernel: the same numbers
+    as eager, fused arithmetic around it included."""
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(48, 32, generator=g), torch.randn(4, 32, generator=g)
+    fn = torch.compile(lambda x, w: F.silu(cpu_rows.rows_linear(x, w)) * 2, dynamic=False)
+    assert torch.allclose(fn(x, w), F.silu(cpu_rows.rows_linear(x, w)) * 2, atol=1e-6)
+
+
+def test_a_failed_build_raises_and_leaves_no_file(tmp_path, monkeypatch):
+    bad = tmp_path / "cpu_rows.cpp"
+    bad.write_text("this is not C++\n")
+    monkeypatch.setattr(cpu_rows, "SOURCE", bad)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    with pytest.raises(RuntimeError, match="building cpu_rows.cpp failed"):
+        cpu_rows.build(cpu_rows._compiler())
+    assert list((tmp_path / "home" / "kernels").iterdir()) == []
+
+
+def test_the_cache_key_follows_the_source(tmp_path, monkeypatch):
+    compiler = cpu_rows._compiler()
+    here = cpu_rows.library_path(compiler)
+    assert cpu_rows.library_path(compiler) == here
+    edited = tmp_path / "cpu_rows.cpp"
+    edited.write_text(cpu_rows.SOURCE.read_text() + "// edited\n")
+    monkeypatch.setattr(cpu_rows, "SOURCE", edited)
+    assert cpu_rows.library_path(compiler) != here
+
+
+def _count_kernel_calls(monkeypatch) -> list:
+    calls = []
+    real = cpu_rows.rows_linear
+    monkeypatch.setattr(cpu_rows, "rows_linear", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b))
+    return calls
+
+
+@pytest.mark.parametrize("override, weight_first_rule, takes", [
+    ("", 6, True), ("", 0, False), ("0", 6, False), ("1", 0, True)])
+def test_short_blocks_take_the_kernel_where_the_rule_says(monkeypatch, override, weight_first_rule, takes):
+    """On where the weight-first rule is (MKL off Intel), or SPECDEC_ROW_KERNEL=1; off with =0. Up to
+    MAX_ROWS rows, float32 and bfloat16, through linear_rows and the lean loop's short_blocks_linear;
+    longer blocks and float16 weights never."""
+    monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", override)
+    monkeypatch.setattr(linear, "WEIGHT_FIRST_MAX_ROWS", weight_first_rule)
+    calls = _count_kernel_calls(monkeypatch)
+    for dtype in (torch.float32, torch.bfloat16):
+        w = torch.randn(16, 8).to(dtype)
+        for rows in (1, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1):
+            x = torch.randn(rows, 8).to(dtype)
+            for y in (linear.linear_rows(x, w), linear.short_blocks_linear(w)(x)):
+                assert torch.allclose(y.float(), F.linear(x, w).float(), atol=1e-5 if dtype == torch.float32 else 0.1)
+    linear.linear_rows(torch.randn(2, 8).half(), torch.randn(16, 8).half())
+    assert calls == ([1, 1, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS] * 2 if takes else [])
+
+
+def test_where_the_kernel_cannot_load_one_warning_names_why_and_weight_first_serves(monkeypatch):
+    monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", "1")
+    monkeypatch.setattr(cpu_rows, "load", lambda: "no C++ compiler ('c++' not found; set CXX)")
+    linear._loaded.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="row kernel is off.*no C\\+\\+ compiler"):
+            assert not linear.row_kernel_ready()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once
+            w, x = torch.randn(16, 8), torch.randn(3, 8)
+            assert torch.allclose(linear.linear_rows(x, w), F.linear(x, w), atol=1e-5)
+            assert "row kernel off: no C++ compiler" in linear.machine()
+    finally:
+        linear._loaded.cache_clear()
+
+
+def test_the_override_must_be_0_or_1():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import specdec.hf.linear"], capture_output=True, text=True,
+                          env={"SPECDEC_ROW_KERNEL": "yes", "PATH": "/usr/bin:/bin"})
+    assert done.returncode != 0 and "SPECDEC_ROW_KERNEL must be 0 or 1, got 'yes'" in done.stderr
