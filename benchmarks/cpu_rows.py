@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import specdec
+from specdec.cli.bench import memory_bandwidth
 from specdec.hf import linear
 from specdec.kernels import cpu_rows
 
@@ -61,17 +62,9 @@ def one_pass(dtype: str, product: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def stream_line() -> float:
-    """GB/s of one big float32 copy (read + write counted), best of 5: the machine's streaming line."""
-    src = torch.randn(64 * 2 ** 20)
-    dst = torch.empty_like(src)
-    best = min((lambda t0: (dst.copy_(src), time.perf_counter() - t0)[1])(time.perf_counter()) for _ in range(5))
-    return 2 * src.numel() * 4 / best / 1e9
-
-
 times = {(d, p, n): [] for d, p in cases for n in a.rows}
 with torch.no_grad():
-    line = stream_line()
+    line = memory_bandwidth(1 << 28)["copy"] / 1e9  # one big float32 copy, read + write counted, best of 5
     for r in range(a.rounds + 1):  # the first round warms up
         for n in a.rows:
             for d, p in cases:
@@ -81,7 +74,7 @@ with torch.no_grad():
     w64 = layer_weights[4].double()  # an MLP weight
     err = {}
     for d, p in cases:
-        x = xs[(d, 4)][w64.shape[1]]
+        x = torch.randn(4, w64.shape[1], generator=g).to(getattr(torch, d))  # whatever --rows measured
         ref = F.linear(x.double(), w64.to(getattr(torch, d)).double())
         err[(d, p)] = (PRODUCTS[p](x, weights[d][4]).double() - ref).abs().max().item()
 med = {k: statistics.median(v) * 1e3 for k, v in times.items()}

@@ -67,8 +67,8 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 # against 60 weight-first; 4 rows 67 weight-first against 97 as reductions or F.linear; 8 rows 104 against
 # 154 (F.linear) and 184 (reductions); 16 rows 104 against 149: WEIGHT_FIRST_FORM.
 # NO_FORM: every product through F.linear (inductor calls the BLAS), as elsewhere.
-WEIGHT_FIRST_FORM = (0, 2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else (0, 0, 0)
 NO_FORM = (0, 0, 0)
+WEIGHT_FIRST_FORM = (0, 2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else NO_FORM
 
 
 def product_form(weight: torch.Tensor) -> tuple:

@@ -124,11 +124,18 @@ def short_blocks_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) 
         return lambda x: weight_first_rows(x, weight, bias)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        n = x.numel() // max(x.shape[-1], 1)
-        if not 0 < n <= cpu_rows.MAX_ROWS:
-            return F.linear(x, weight, bias)
-        return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        y = _through_row_kernel(x, weight, bias)
+        return F.linear(x, weight, bias) if y is None else y
     return forward
+
+
+def _through_row_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x [..., in] -> [..., out] through the row kernel when x has 1 to cpu_rows.MAX_ROWS rows, else None
+    (the caller has checked that the kernel takes this weight)."""
+    n = x.numel() // max(x.shape[-1], 1)
+    if not 0 < n <= cpu_rows.MAX_ROWS:
+        return None
+    return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def weight_first(weight: torch.Tensor) -> bool:
@@ -169,7 +176,5 @@ def bound_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Call
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias), short blocks through the row kernel or weight-first where this machine's
     rules say so (see the module doc)."""
-    n = x.numel() // max(x.shape[-1], 1)
-    if 0 < n <= cpu_rows.MAX_ROWS and row_kernel_takes(weight):
-        return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
-    return weight_first_rows(x, weight, bias, WEIGHT_FIRST_MAX_ROWS)
+    y = _through_row_kernel(x, weight, bias) if row_kernel_takes(weight) else None
+    return weight_first_rows(x, weight, bias, WEIGHT_FIRST_MAX_ROWS) if y is None else y
