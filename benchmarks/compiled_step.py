@@ -30,6 +30,10 @@ from specdec.hf.lean import LeanRunner
 from specdec.hf.linear import machine
 
 PREFIX = 200
+# the compiled step twice where the CPU kernels load: its attention through kernels/cpu_attention.py (what
+# runs by default) and through torch (page write, gather, SDPA: what runs where they do not)
+PATHS = ("lean", "compiled") + (("compiled, torch attention",) if compiled.attention_kernel_takes(
+    torch.empty(1), 64) else ())
 
 
 def products(model, form: tuple, lean: LeanRunner | None):
@@ -62,13 +66,15 @@ def measure(model, n: int, repeats: int) -> dict:
     prefix = torch.randint(0, vocab, (PREFIX,), generator=gen)
     step_tokens = torch.randint(0, vocab, (n,), generator=gen)
     runners = {}
-    for name in ("lean", "compiled"):
+    for name in PATHS:
         pool = PagePool(32, 16)
         table = BlockTable(pool, "cpu")
         runner = LeanRunner.for_model(model, pool, table, exact=True) if name == "lean" else \
             CompiledRunner.for_model(model, pool, table)
-        if name == "compiled":
+        if name != "lean":
             runner.prepare(n)
+        if name == "compiled, torch attention":
+            runner.attention_kernel = False
         with specdec_attention(model):
             runner.forward(prefix, logits_rows=1)
         runners[name] = (runner, table)
@@ -83,15 +89,17 @@ def measure(model, n: int, repeats: int) -> dict:
     hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
     g = compiled.product_form(model.lm_head.weight)
     prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
-    rounds = {k: [] for k in ("lean", "compiled", "lean weights", "compiled weights")}
+    rounds = {k: [] for k in (*PATHS, "lean weights", "compiled weights")}
     with torch.no_grad(), specdec_attention(model):
-        for name in ("lean", "compiled"):  # warm
+        for name in PATHS:  # warm
             step(name)
+        for name in prods:
             prods[name](hidden)
         for _ in range(repeats):
-            for name in ("lean", "compiled"):
+            for name in PATHS:
                 rounds[name].append(timed(lambda: step(name), 3))
-                rounds[name + " weights"].append(timed(lambda: prods[name](hidden), 3))
+                if name in prods:
+                    rounds[name + " weights"].append(timed(lambda: prods[name](hidden), 3))
     for runner, table in runners.values():
         table.release()
     return {k: statistics.median(v) for k, v in rounds.items()}
@@ -108,8 +116,10 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     read_bw = memory_bandwidth()["read"]
+    torch_attention = "compiled, torch attention" in PATHS
     rows = ["| dtype | n (bucket) | lean ms | its weights ms | other ms | compiled ms | its weights ms | other ms | "
-            "compiled / lean | bandwidth line ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "compiled / lean | " + ("compiled, torch attention ms | " if torch_attention else "") +
+            "bandwidth line ms |", "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if torch_attention else "")]
     for name in a.dtypes:
         dt = getattr(torch, name)
         model, _ = zoo.load(a.target, dtype=dt)
@@ -119,7 +129,8 @@ def main() -> None:
             ms = {k: v * 1e3 for k, v in r.items()}
             rows.append(f"| {name} | {n} ({bucket_for(n)}) | {ms['lean']:.1f} | {ms['lean weights']:.1f} | "
                         f"{ms['lean'] - ms['lean weights']:.1f} | {ms['compiled']:.1f} | {ms['compiled weights']:.1f} | "
-                        f"{ms['compiled'] - ms['compiled weights']:.1f} | {ms['compiled'] / ms['lean']:.2f} | {line:.1f} |")
+                        f"{ms['compiled'] - ms['compiled weights']:.1f} | {ms['compiled'] / ms['lean']:.2f} | " +
+                        (f"{ms['compiled, torch attention']:.1f} | " if torch_attention else "") + f"{line:.1f} |")
             print(rows[-1], flush=True)
     cmd = "python benchmarks/compiled_step.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
@@ -128,7 +139,9 @@ def main() -> None:
           f"{a.threads} threads, median of {a.repeats} rounds (each the median of 3 steps), lean and compiled "
           f"alternating. 'its weights': the step's weight products alone, in the path's own form; 'other' = the "
           f"step minus that (approximate: the products timed alone miss the step's other cache traffic and "
-          f"fusions, so it can come out below zero). Bandwidth line: weight bytes / streaming-read bandwidth "
+          f"fusions, so it can come out below zero). 'compiled, torch attention': the same compiled step with each "
+          f"layer's attention through torch (page write, gather, SDPA) instead of specdec's CPU attention kernel. "
+          f"Bandwidth line: weight bytes / streaming-read bandwidth "
           f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
     print(md)
     if a.out:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import specdec
 from specdec.cli.bench import memory_bandwidth
 from specdec.hf import linear
-from specdec.kernels import cpu_rows
+from specdec.kernels import cpu_library, cpu_rows
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -36,7 +36,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_rows"))
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
-reason = cpu_rows.load()
+reason = cpu_library.load()
 if reason is not None:
     sys.exit(f"the row kernel does not run here: {reason}")
 model, _ = specdec.zoo.load(a.target, dtype=torch.float32)

@@ -33,7 +33,7 @@ from specdec.cache.pool import BlockTable, PagePool
 from specdec.hf import linear, packed
 from specdec.hf.attention import specdec_attention
 from specdec.hf.lean import LeanRunner
-from specdec.kernels import cpu_rows
+from specdec.kernels import cpu_library, cpu_rows
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -59,7 +59,7 @@ if LeanRunner.for_model(model, PagePool(1, 16), None, exact=True) is None:
 machine = linear.machine()
 SETTINGS = {"lean, short blocks weight-first": (True, False, "0"), "lean, packed weights": (False, True, "0"),
             "lean, F.linear": (False, False, "0")}
-kernel_off = cpu_rows.load()
+kernel_off = cpu_library.load()
 if kernel_off is None:
     SETTINGS = {"lean, row kernel": (True, False, "1"), **SETTINGS}
 else:

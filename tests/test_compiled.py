@@ -10,7 +10,7 @@ import torch
 
 import specdec
 from specdec.hf import compiled, packed
-from specdec.kernels import cpu_rows
+from specdec.kernels import cpu_library, cpu_rows
 from specdec.hf.compiled import BUCKETS, CompiledRunner, auto_compiles, bucket_for, steps_for
 
 from conftest import build, hf_greedy, tiny_vocab_model
@@ -68,13 +68,35 @@ def test_greedy_with_every_product_form(target, monkeypatch):
     the target's greedy output, whichever this machine's rule picked. Buckets 1, 2 and 4 are compiled and
     checked against the lean loop before the prefill; the generation verifies 4 rows a step."""
     ref = hf_greedy(target, PROMPT, 30)
-    forms = [(0, 0, 0), (0, 8, 8), (0, 2, 16)] + ([(16, 0, 0)] if cpu_rows.load() is None else [])
+    forms = [(0, 0, 0), (0, 8, 8), (0, 2, 16)] + ([(16, 0, 0)] if cpu_library.load() is None else [])
     for form in forms:
         monkeypatch.setattr(compiled, "product_form", lambda weight: form)
         model = build("llama", seed=0, layers=3, scale=3.0)  # a fresh model: its buckets compile anew
         seq, _ = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
         assert torch.equal(seq, ref)
         assert not steps_for(model).failed
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_greedy_with_and_without_the_attention_kernel(monkeypatch, kernel):
+    """A single sequence's attention through kernels/cpu_attention.py (where it builds) and through torch
+    (write, gather, SDPA): a sliding window (Mistral's 7) with rollbacks, and a tree block's mask, both give
+    the target's greedy output; the kernel serves the compiled forwards when on, never when off."""
+    if kernel and cpu_library.load() is not None:
+        pytest.skip(f"the CPU kernels do not load here: {cpu_library.load()}")
+    from specdec.kernels import cpu_attention
+
+    calls = []
+    real = cpu_attention.attend_pages
+    monkeypatch.setattr(cpu_attention, "attend_pages", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    monkeypatch.setattr(compiled, "attention_kernel_takes", lambda weight, head_dim: kernel)
+    model, draft = build("mistral", seed=0, scale=3.0), build("mistral", seed=5, scale=3.0)
+    seq, stats = _spec(model, PROMPT, drafter=draft, draft_length=3, max_new_tokens=40)
+    assert torch.equal(seq, hf_greedy(model, PROMPT, 40)) and stats.accepted_tokens < stats.drafted_tokens
+    seq, _ = _spec(model, PROMPT, drafter=draft, tree=specdec.TreeSpec.static((2, 2)), max_new_tokens=30)
+    assert torch.equal(seq, hf_greedy(model, PROMPT, 30))
+    assert not steps_for(model).failed
+    assert (len(calls) > 0) == kernel
 
 
 def test_tree_and_feature_head(target):

@@ -1,6 +1,6 @@
 """specdec's CPU row kernel (kernels/cpu_rows.py): the product to float32 rounding for every row count,
-shape and dtype it takes; clear errors; a build that fails leaves nothing; hf/linear.py's rule puts short
-blocks on it, and off it with one warning where it cannot load."""
+shape and dtype it takes; clear errors; hf/linear.py's rule puts short blocks on it, and off it with one
+warning where it cannot load (the build itself: tests/test_cpu_library.py)."""
 import warnings
 
 import pytest
@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from specdec.hf import linear
-from specdec.kernels import cpu_rows
+from specdec.kernels import cpu_library, cpu_rows
 
-pytestmark = pytest.mark.skipif(not cpu_rows.cpu_supports(), reason="the row kernel needs an x86 CPU with AVX2 and FMA")
+pytestmark = pytest.mark.skipif(not cpu_library.cpu_supports(), reason="the row kernel needs an x86 CPU with AVX2 and FMA")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded():
-    assert cpu_rows.load() is None  # builds here: a compiler is present wherever inductor runs
+    assert cpu_library.load() is None  # builds here: a compiler is present wherever inductor runs
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17])
@@ -79,26 +79,6 @@ def test_compiled_graphs_call_the_kernel():
     assert torch.allclose(fn(x, w), F.silu(cpu_rows.rows_linear(x, w)) * 2, atol=1e-6)
 
 
-def test_a_failed_build_raises_and_leaves_no_file(tmp_path, monkeypatch):
-    bad = tmp_path / "cpu_rows.cpp"
-    bad.write_text("this is not C++\n")
-    monkeypatch.setattr(cpu_rows, "SOURCE", bad)
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    with pytest.raises(RuntimeError, match="building cpu_rows.cpp failed"):
-        cpu_rows.build(cpu_rows._compiler())
-    assert list((tmp_path / "home" / "kernels").iterdir()) == []
-
-
-def test_the_cache_key_follows_the_source(tmp_path, monkeypatch):
-    compiler = cpu_rows._compiler()
-    here = cpu_rows.library_path(compiler)
-    assert cpu_rows.library_path(compiler) == here
-    edited = tmp_path / "cpu_rows.cpp"
-    edited.write_text(cpu_rows.SOURCE.read_text() + "// edited\n")
-    monkeypatch.setattr(cpu_rows, "SOURCE", edited)
-    assert cpu_rows.library_path(compiler) != here
-
-
 def _count_kernel_calls(monkeypatch) -> list:
     calls = []
     real = cpu_rows.rows_linear
@@ -127,7 +107,7 @@ def test_short_blocks_take_the_kernel_where_the_rule_says(monkeypatch, override,
 
 def test_where_the_kernel_cannot_load_one_warning_names_why_and_weight_first_serves(monkeypatch):
     monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", "1")
-    monkeypatch.setattr(cpu_rows, "load", lambda: "no C++ compiler ('c++' not found; set CXX)")
+    monkeypatch.setattr(cpu_library, "load", lambda: "no C++ compiler ('c++' not found; set CXX)")
     linear._loaded.cache_clear()
     try:
         with pytest.warns(UserWarning, match="row kernel is off.*no C\\+\\+ compiler"):

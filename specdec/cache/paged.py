@@ -25,19 +25,26 @@ class PagedKV:
 
     def _grow(self, layer: int, like: torch.Tensor) -> None:
         """Make layer's tensors cover every page handed out so far (like: [1, H, n, D]); contents kept."""
+        self.pages(layer, like.shape[1], like.shape[3], like.dtype, like.device)
+
+    def pages(self, layer: int, heads: int, head_dim: int, dtype: torch.dtype,
+              device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer's k, v [slots, heads, head_dim], allocated (on `device`, default the cache's) or grown, contents
+        kept, to cover every page handed out so far: for a kernel that writes the new tokens' slots itself."""
         ps = self.pool.page_size
         need = self.pool.high_water * ps
         old_k, old_v = self.k[layer], self.v[layer]
         have = 0 if old_k is None else old_k.shape[0]
-        if have >= need:
-            return
-        size = min(self.pool.num_pages * ps, max(need, 2 * have, 4 * ps))
-        shape = (size, like.shape[1], like.shape[3])
-        self.k[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        self.v[layer] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        if old_k is not None:
-            self.k[layer][:have] = old_k
-            self.v[layer][:have] = old_v
+        if have < need:
+            size = min(self.pool.num_pages * ps, max(need, 2 * have, 4 * ps))
+            shape = (size, heads, head_dim)
+            device = device or self.device
+            self.k[layer] = torch.empty(shape, dtype=dtype, device=device)
+            self.v[layer] = torch.empty(shape, dtype=dtype, device=device)
+            if old_k is not None:
+                self.k[layer][:have] = old_k
+                self.v[layer][:have] = old_v
+        return self.k[layer], self.v[layer]
 
     @property
     def allocated_slots(self) -> int:

@@ -15,9 +15,12 @@ loop's 36.1 (both through the row kernel; before it, 38.4 against 63.5), 8 token
 
 What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
-final norm and the LM head (`_last`). Between them attention stays eager (hf/lean.py's: the KV page
-writes, the page gather, SDPA under the step's mask), so the compiled graphs see only [bucket, ...]
-shapes: no dynamic length, nothing that grows with the KV, no state of the sequence. A forward of n
+final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
+sequence one call of specdec's CPU attention kernel (kernels/cpu_attention.py: the KV page write and the
+attention under the step's mask, where the CPU kernels load), else hf/lean.py's torch ops (page write,
+gather, SDPA); so the compiled graphs see only [bucket, ...] shapes: no dynamic length, nothing that grows
+with the KV, no state of the sequence. The kernel took a bfloat16 one-token step from 39.0 ms to 29.4
+and a float32 8-token one from 51.0 to 42.7 (benchmarks/results/compiled_step_amd_epyc.md). A forward of n
 tokens pads to the smallest bucket >= n (BUCKETS; pad rows are zeros, their outputs dropped); longer
 forwards (prefill) and what the graphs do not cover (entry at a later layer, a quantized draft's joined
 products) take the lean loop. A packed batch (hf/batch_runner.py) runs its rows' tokens together through
@@ -50,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
-from ..kernels import cpu_rows
+from ..kernels import cpu_attention, cpu_library, cpu_rows
 from . import linear, packed
 from .attention import specdec_attention
 from .cache import StepMeta
@@ -77,6 +80,16 @@ def product_form(weight: torch.Tensor) -> tuple:
         return (cpu_rows.MAX_ROWS, 0, 0)
     return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
 ACTIVATIONS = {"silu": F.silu}
+
+
+def attention_kernel_takes(weight: torch.Tensor, head_dim: int) -> bool:
+    """Does the step's attention go through kernels/cpu_attention.py for a model like this (its LM head's
+    weight, its head dimension)? On a CPU, float32 or bfloat16, D a multiple of 8, where the CPU kernels
+    load; SPECDEC_ATTENTION_KERNEL=0 keeps the torch path (write, gather, SDPA)."""
+    if os.environ.get("SPECDEC_ATTENTION_KERNEL", "") == "0":
+        return False
+    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and head_dim % 8 == 0
+            and cpu_library.load() is None)
 
 
 def bucket_for(n: int) -> int | None:
@@ -320,6 +333,8 @@ class CompiledRunner(LeanRunner):
         self.dims = (self.hq, self.hkv, self.head_dim, inner.norm.variance_epsilon)
         self.act = model.config.get_text_config().hidden_act
         self.form = product_form(self.head_w)
+        # a single sequence's attention through kernels/cpu_attention.py where it builds (and on a CPU)
+        self.attention_kernel = attention_kernel_takes(self.head_w, self.head_dim)
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     @classmethod
@@ -454,11 +469,16 @@ class CompiledRunner(LeanRunner):
         """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages.
         A packed batch laid out padded (meta.rows) attends row by row in one call, as the lean loop does."""
         n, layer = q.shape[0], self.layers[i]
+        mask = None if meta.rows is not None or meta.unmasked(layer.sliding_window) else \
+            meta.mask_for(layer.sliding_window)
+        if self.attention_kernel and meta.rows is None:
+            k_pages, v_pages = self.kv.pages(i, self.hkv, self.head_dim, k.dtype)
+            return cpu_attention.attend_pages(q, k, v, k_pages, v_pages, meta.write_slots, meta.read_slots, mask,
+                                              layer.scaling)
         self.kv.write(i, meta.write_slots, k.transpose(0, 1)[None], v.transpose(0, 1)[None], meta.write_span)
         if meta.rows is not None:
             return attend_rows(self.kv, i, q, meta.rows, layer.sliding_window, layer.scaling)
         keys, vals = self.kv.gather(i, meta.read_slots, meta.read_span)  # [1, Hkv, T, D]
-        mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
         att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, vals, attn_mask=mask,
                                              scale=layer.scaling, enable_gqa=self.hq != self.hkv)
         return att[0].transpose(0, 1).reshape(n, self.hq * self.head_dim)

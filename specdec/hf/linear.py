@@ -48,7 +48,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..kernels import cpu_rows
+from ..kernels import cpu_library, cpu_rows
 from . import packed
 from .cpu import cpu_name, cpu_vendor
 
@@ -94,7 +94,7 @@ def row_kernel_reason() -> str | None:
 
 @functools.cache
 def _loaded() -> str | None:
-    reason = cpu_rows.load()
+    reason = cpu_library.load()
     if reason is not None:
         warnings.warn(f"specdec's row kernel is off, short blocks multiply weight-first: {reason}", stacklevel=3)
     return reason

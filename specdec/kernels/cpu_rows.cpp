@@ -16,21 +16,13 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "cpu_vec.h"
+
 namespace {
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {  // 8 bfloat16 -> 8 float32
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline float widen(float v) { return v; }
-inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+using specdec_cpu::hsum;
+using specdec_cpu::load8;
+using specdec_cpu::widen;
 
 // R weight rows [n, n + R) against M rows of x (float32, [M, K], row stride K): out[m, n + r].
 template <int M, int R, typename W, typename O>
