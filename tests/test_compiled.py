@@ -2,6 +2,7 @@
 boundaries and rollbacks, in trees and with feature heads; exact sampling of the logits it computes
 (with a lossy control that fails); fallback to the lean loop with one warning when compiling fails or
 the compiled numbers do not check; no state carried across generations, KV growth or threads."""
+import os
 import threading
 import warnings
 
@@ -29,6 +30,12 @@ def _spec(model, ids, drafter=None, **kw):
     out = specdec.generate(model, ids, drafter=drafter, do_sample=False, step="compiled",
                            return_dict_in_generate=True, **kw)
     return out.sequences, out.stats
+
+
+@pytest.fixture
+def graphs_only(monkeypatch):
+    """Every bucket through the inductor graphs, as where kernels/cpu_layer.py does not run."""
+    monkeypatch.setattr(compiled, "layer_kernel_takes", lambda form, attention_kernel: False)
 
 
 def test_buckets():
@@ -78,7 +85,7 @@ def test_greedy_with_every_product_form(target, monkeypatch):
 
 
 @pytest.mark.parametrize("kernel", [True, False])
-def test_greedy_with_and_without_the_attention_kernel(monkeypatch, kernel):
+def test_greedy_with_and_without_the_attention_kernel(monkeypatch, kernel, graphs_only):
     """A single sequence's attention through kernels/cpu_attention.py (where it builds) and through torch
     (write, gather, SDPA): a sliding window (Mistral's 7) with rollbacks, and a tree block's mask, both give
     the target's greedy output; the kernel serves the compiled forwards when on, never when off."""
@@ -97,6 +104,33 @@ def test_greedy_with_and_without_the_attention_kernel(monkeypatch, kernel):
     assert torch.equal(seq, hf_greedy(model, PROMPT, 30))
     assert not steps_for(model).failed
     assert (len(calls) > 0) == kernel
+
+
+def test_the_layer_kernel_runs_short_forwards_and_a_wrong_one_is_caught(monkeypatch):
+    """Where kernels/cpu_layer.py runs (the row and attention kernels load), forwards of up to 16 tokens go
+    through it, one call a layer, unpadded (3 rows stay 3), and the 32-token bucket through the graphs; a
+    layer kernel computing something else fails its bucket's check against the lean loop and never reaches
+    the output."""
+    if cpu_library.load() is not None:
+        pytest.skip(f"the CPU kernels do not load here: {cpu_library.load()}")
+    from specdec.kernels import cpu_layer
+
+    monkeypatch.setattr(compiled, "product_form", lambda weight: (cpu_rows.MAX_ROWS, 0, 0))
+    rows, real = [], cpu_layer.decoder_layer
+    monkeypatch.setattr(cpu_layer, "decoder_layer", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    model = build("llama", seed=7, scale=3.0)
+    ref = hf_greedy(model, PROMPT, 40)
+    seq, stats = _spec(model, PROMPT, drafter=model, draft_length=2, max_new_tokens=40)
+    assert torch.equal(seq, ref) and stats.step == "compiled"
+    assert 3 in rows and max(rows) <= 16 and not steps_for(model).failed
+    seq, _ = _spec(model, PROMPT, drafter=model, draft_length=20, max_draft_length=20, max_new_tokens=40)
+    assert torch.equal(seq, ref) and 32 in steps_for(model).checked  # 21 rows: the graphs' bucket
+
+    model = build("llama", seed=8, scale=3.0)
+    monkeypatch.setattr(cpu_layer, "decoder_layer", lambda x, *a: real(x, *a).roll(1, -1))
+    with pytest.warns(RuntimeWarning, match="check against the lean loop failed"):
+        seq, _ = _spec(model, PROMPT, max_new_tokens=20)
+    assert torch.equal(seq, hf_greedy(model, PROMPT, 20)) and 1 in steps_for(model).failed
 
 
 def test_tree_and_feature_head(target):
@@ -153,7 +187,7 @@ def test_sampling_follows_the_logits_the_step_computes(monkeypatch):
     assert gof(exact, empirical(lossy, n), n) < 1e-6
 
 
-def test_compile_failure_falls_back_with_one_warning(monkeypatch):
+def test_compile_failure_falls_back_with_one_warning(monkeypatch, graphs_only):
     model = build("llama", seed=3, scale=3.0)
 
     def broken(*args, **kwargs):
@@ -171,7 +205,7 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
     assert set(steps_for(model).failed) >= {1, 4} and "lean" in stats.step
 
 
-def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch):
+def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch, graphs_only):
     """Graphs that compile but compute something else (here: logits shifted by a token) fail their
     bucket's check against the lean loop; the output stays the target's."""
     model = build("llama", seed=4, scale=3.0)
@@ -249,7 +283,7 @@ def test_a_padded_batch_gives_every_row_its_own_greedy_output(target, rows_count
     assert {s.step for s in out.stats} == {"compiled"} and not steps_for(target).failed
 
 
-def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward():
+def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward(graphs_only):
     """A compiled bucket that raises later (a guard dynamo will not recompile, say) costs one lean forward
     and a warning; the bucket stays on the lean loop and the output stays the target's."""
     model = build("llama", seed=6, scale=3.0)
@@ -266,7 +300,7 @@ def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward():
     assert torch.equal(seq, ref) and 1 in steps.failed and "lean" in stats.step
 
 
-def test_background_compile_runs_lean_until_ready_and_never_waits(target):
+def test_background_compile_runs_lean_until_ready_and_never_waits(target, graphs_only):
     """warm_up(background_compile=True): the buckets compile in a thread of their own; a generation meanwhile
     runs the lean loop (the target's tokens, and it does not wait for the compile), then the compiled step
     once the thread is done. The compile is held back by holding its lock, so the test sees both phases."""
@@ -302,6 +336,7 @@ def test_a_process_that_exits_while_compiling_in_the_background_exits_cleanly():
             "specdec.wrap(target, step='compiled').warm_up(background_compile=True)\n"
             "assert compiled.compiling(target)\n")
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, SPECDEC_LAYER_KERNEL="0"))  # the graphs compile: no layer kernel
         assert done.returncode == 0, done.stderr[-2000:]
         assert "terminate called" not in done.stderr and "fell back" not in done.stderr

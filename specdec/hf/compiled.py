@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
-from ..kernels import cpu_attention, cpu_library, cpu_rows
+from ..kernels import cpu_attention, cpu_layer, cpu_library, cpu_rows
 from . import linear, packed
 from .attention import specdec_attention
 from .cache import StepMeta
@@ -80,6 +80,15 @@ def product_form(weight: torch.Tensor) -> tuple:
         return (cpu_rows.MAX_ROWS, 0, 0)
     return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
 ACTIVATIONS = {"silu": F.silu}
+
+
+def layer_kernel_takes(form: tuple, attention_kernel: bool) -> bool:
+    """Do forwards of up to cpu_layer.MAX_ROWS tokens run as kernels/cpu_layer.py calls instead of the graphs?
+    Where the attention kernel runs and the row kernel multiplies every such bucket (form: product_form's);
+    SPECDEC_LAYER_KERNEL=0 keeps the graphs."""
+    if os.environ.get("SPECDEC_LAYER_KERNEL", "") == "0":
+        return False
+    return attention_kernel and form[0] >= cpu_layer.MAX_ROWS
 
 
 def attention_kernel_takes(weight: torch.Tensor, head_dim: int) -> bool:
@@ -335,6 +344,11 @@ class CompiledRunner(LeanRunner):
         self.form = product_form(self.head_w)
         # a single sequence's attention through kernels/cpu_attention.py where it builds (and on a CPU)
         self.attention_kernel = attention_kernel_takes(self.head_w, self.head_dim)
+        # and whole layers through kernels/cpu_layer.py for forwards of up to cpu_layer.MAX_ROWS tokens
+        self.layer_kernel = layer_kernel_takes(self.form, self.attention_kernel)
+        self.block_mask_batches = self.layer_kernel  # the layer kernel attends over one mask, not row by row
+        self.layer_weights = [tuple(p[j] for j in (0, 1, 3, 5, 7, 8, 9, 10, 11)) for p in self.params]
+        self.layer_biases = [(p[2], p[4], p[6]) for p in self.params]
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     @classmethod
@@ -438,6 +452,8 @@ class CompiledRunner(LeanRunner):
         return ref
 
     def _compiled(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
+        if self.layer_kernel and x.shape[0] <= cpu_layer.MAX_ROWS:
+            return self._layers(x, meta, need, logits_rows)
         n, graphs, g = x.shape[0], self.steps.graphs, self.form
         cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
         if bucket > n:  # pad rows: zeros (their outputs are dropped; attention never sees them)
@@ -464,6 +480,30 @@ class CompiledRunner(LeanRunner):
                 kept[top] = normed[:n]
             self.last_features = torch.cat([kept[layer] for layer in self.capture], dim=-1)
         return _select_rows(logits[:n], logits_rows)
+
+    def _layers(self, x, meta, need, logits_rows) -> torch.Tensor:
+        """The forward as one kernels/cpu_layer.py call a layer (no padding to the bucket: the kernel takes any
+        row count; a packed batch attends over its block-diagonal mask), then the final norm and the LM
+        head's rows through the row kernel."""
+        cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
+        Hq, Hkv, D, eps = self.dims
+        want, top = set(self.capture), len(self.layers)
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
+            k_pages, v_pages = self.kv.pages(i, Hkv, D, x.dtype)
+            x = cpu_layer.decoder_layer(x, self.layer_weights[i], self.layer_biases[i], cos, sin, k_pages, v_pages,
+                                        meta.write_slots, meta.read_slots, mask, layer.scaling, eps, Hq, Hkv)
+            if i + 1 in want and i + 1 < top:
+                kept[i + 1] = x
+        if top in want:
+            kept[top] = _rms(x, self.final_norm_w, eps)
+            normed = _select_rows(kept[top], logits_rows)
+        else:
+            normed = _rms(_select_rows(x, logits_rows), self.final_norm_w, eps)
+        if want:
+            self.last_features = torch.cat([kept[layer] for layer in self.capture], dim=-1)
+        return cpu_rows.rows_linear(normed, self.head_w).float()
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> torch.Tensor:
         """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages.

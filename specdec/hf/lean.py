@@ -157,6 +157,8 @@ class LeanRunner(ModelRunner):
     docstring)."""
 
     step_name = "lean"
+    # a packed batch (hf/batch_runner.py) always given as one block-diagonal mask, never laid out padded
+    block_mask_batches = False
 
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
                  short_blocks: bool | None = None, packed: bool | None = None, fused: bool = False):

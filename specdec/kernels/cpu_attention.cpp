@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include "cpu_vec.h"
+#include "cpu_attention.h"
 
 #include <cmath>
 #include <limits>
@@ -23,163 +23,7 @@
 
 namespace {
 
-using specdec_cpu::hsum;
-using specdec_cpu::load8;
-using specdec_cpu::widen;
-
-// e^x for 8 floats (x <= 0 here: scores minus their max), Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2,
-// e^r by a degree-6 polynomial, 2^k through the exponent bits: a few float32 ulp from std::exp (the tests
-// hold the attention to SDPA's within 1e-5 relative).
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below: e^x rounds to 0 (and a masked score is skipped)
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-// the 8 lane sums of a[0..7], as one vector (lane j: the sum of a[j]'s lanes)
-inline __m256 hsum8(const __m256* a) {
-  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
-  // lanes: [0123 low halves | 0123 high halves] and the same for 4567
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
-// scores[t] = q . k_t for the keys at k[t], t < Tk (D % 8 == 0, q float32): eight keys at a time, each its
-// own accumulator, reduced together
-template <typename T>
-void dots(const float* q, const T* const* k, float* scores, int64_t Tk, int64_t D) {
-  int64_t t = 0;
-  for (; t + 8 <= Tk; t += 8) {
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load8(k[t + j] + d), acc[j]);
-    }
-    _mm256_storeu_ps(scores + t, hsum8(acc));
-  }
-  for (; t < Tk; t++) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k[t] + d), acc);
-    scores[t] = hsum(acc);
-  }
-}
-
-// out[C * 8] += sum_t p[t] v_t[0, C * 8) over t < Tk, out held in C registers
-template <int C, typename T>
-void add_weighted_lanes(const float* p, const T* const* v, float* out, int64_t Tk) {
-  __m256 acc[C];
-  for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(out + 8 * c);
-  for (int64_t t = 0; t < Tk; t++) {
-    const __m256 pv = _mm256_set1_ps(p[t]);
-    for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(pv, load8(v[t] + 8 * c), acc[c]);
-  }
-  for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
-}
-
-// out[D] += sum_t p[t] v_t over t < Tk (D % 8 == 0), 64 lanes at a time
-template <typename T>
-void add_weighted(const float* p, const T* const* v, float* out, int64_t Tk, int64_t D) {
-  std::vector<const T*> shifted;
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    const T* const* vv = v;
-    if (d0) {  // the same rows, d0 lanes on
-      shifted.resize(Tk);
-      for (int64_t t = 0; t < Tk; t++) shifted[t] = v[t] + d0;
-      vv = shifted.data();
-    }
-    switch (std::min<int64_t>(64, D - d0) / 8) {
-      case 1: add_weighted_lanes<1>(p, vv, out + d0, Tk); break;
-      case 2: add_weighted_lanes<2>(p, vv, out + d0, Tk); break;
-      case 3: add_weighted_lanes<3>(p, vv, out + d0, Tk); break;
-      case 4: add_weighted_lanes<4>(p, vv, out + d0, Tk); break;
-      case 5: add_weighted_lanes<5>(p, vv, out + d0, Tk); break;
-      case 6: add_weighted_lanes<6>(p, vv, out + d0, Tk); break;
-      case 7: add_weighted_lanes<7>(p, vv, out + d0, Tk); break;
-      default: add_weighted_lanes<8>(p, vv, out + d0, Tk); break;
-    }
-  }
-}
-
-// sc[t] = e^(sc[t] - max) over the keys row i may see (m[t]; m null: all), 0 for the others; returns the sum
-inline float softmax_numerators(float* sc, const bool* m, int64_t Tk) {
-  const float lowest = -std::numeric_limits<float>::infinity();
-  if (m)
-    for (int64_t t = 0; t < Tk; t++)
-      if (!m[t]) sc[t] = lowest;
-  __m256 top8 = _mm256_set1_ps(lowest);
-  int64_t t = 0;
-  for (; t + 8 <= Tk; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(sc + t));
-  float lanes[8];
-  _mm256_storeu_ps(lanes, top8);
-  float top = lanes[0];
-  for (int j = 1; j < 8; j++) top = std::max(top, lanes[j]);
-  for (; t < Tk; t++) top = std::max(top, sc[t]);
-  __m256 sum8 = _mm256_setzero_ps();
-  for (t = 0; t + 8 <= Tk; t += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), _mm256_set1_ps(top)));
-    _mm256_storeu_ps(sc + t, e);
-    sum8 = _mm256_add_ps(sum8, e);
-  }
-  float total = hsum(sum8);
-  for (; t < Tk; t++) total += (sc[t] = std::exp(sc[t] - top));
-  if (m) {  // e^-inf computed by exp8 is its clamp's tiny value, not 0: the masked keys weigh exactly nothing
-    total = 0.f;
-    for (t = 0; t < Tk; t++) total += (sc[t] = m[t] ? sc[t] : 0.f);
-  }
-  return total;
-}
-
-constexpr int64_t KEY_BLOCK = 32;  // keys read from the pages once per block, then from L1 by every head of the group
-
-// Every (query row i, KV group g) pair: the group's Hq / Hkv heads attend together, so each key and value
-// row comes from memory once for all of them.
-template <typename T>
-void attend_all(const T* q, const T* kc, const T* vc, const int64_t* read, const bool* mask, float scale, T* out,
-                int64_t n, int64_t Hq, int64_t Hkv, int64_t D, int64_t Tk) {
-  const int64_t group = Hq / Hkv, row = Hkv * D;  // a slot's stride in the pages
-  // one thread unless there is work for more: about 2^18 multiply-adds a chunk of (row, group) pairs
-  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(Tk * D * 2 * group, 1));
-  at::parallel_for(0, n * Hkv, grain, [&](int64_t a0, int64_t a1) {
-    std::vector<float> scores(group * Tk), qf(group * D), acc(group * D);
-    std::vector<const T*> keys(Tk), vals(Tk);
-    for (int64_t a = a0; a < a1; a++) {
-      const int64_t i = a / Hkv, g = a % Hkv;
-      const bool* m = mask ? mask + i * Tk : nullptr;
-      for (int64_t t = 0; t < Tk; t++) {
-        keys[t] = kc + read[t] * row + g * D;
-        vals[t] = vc + read[t] * row + g * D;
-      }
-      for (int64_t j = 0; j < group; j++)
-        for (int64_t d = 0; d < D; d++) qf[j * D + d] = widen(q[(i * Hq + g * group + j) * D + d]) * scale;
-      for (int64_t t0 = 0; t0 < Tk; t0 += KEY_BLOCK)
-        for (int64_t j = 0; j < group; j++)
-          dots(qf.data() + j * D, keys.data() + t0, scores.data() + j * Tk + t0, std::min(KEY_BLOCK, Tk - t0), D);
-      std::vector<float> inv(group);
-      for (int64_t j = 0; j < group; j++) inv[j] = 1.f / softmax_numerators(scores.data() + j * Tk, m, Tk);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < Tk; t0 += KEY_BLOCK)
-        for (int64_t j = 0; j < group; j++)
-          add_weighted(scores.data() + j * Tk + t0, vals.data() + t0, acc.data() + j * D, std::min(KEY_BLOCK, Tk - t0), D);
-      for (int64_t j = 0; j < group; j++) {
-        T* o = out + (i * Hq + g * group + j) * D;
-        for (int64_t d = 0; d < D; d++) o[d] = T(acc[j * D + d] * inv[j]);
-      }
-    }
-  });
-}
+using specdec_cpu::attend_all;
 
 // Writes k_new, v_new [n, Hkv, D] to k_pages, v_pages [S, Hkv, D] at write_slots [n]; returns the attention of
 // q [n, Hq, D] over the slots read_slots [T] (mask [n, T] bool: may row i see key t; None: every key) as
@@ -199,20 +43,11 @@ at::Tensor attend_pages(const at::Tensor& q, const at::Tensor& k_new, const at::
   TORCH_CHECK((dt == at::kFloat || dt == at::kBFloat16) && k_new.scalar_type() == dt && v_new.scalar_type() == dt &&
                   k_pages.scalar_type() == dt && v_pages.scalar_type() == dt,
               "attend_pages: every tensor float32, or every tensor bfloat16");
-  TORCH_CHECK(D % 8 == 0, "attend_pages: a head dimension that is a multiple of 8, got ", D);
-  TORCH_CHECK(k_pages.is_contiguous() && v_pages.is_contiguous(), "attend_pages: contiguous pages");
-  TORCH_CHECK(write_slots.scalar_type() == at::kLong && read_slots.scalar_type() == at::kLong &&
-                  write_slots.numel() == n,
-              "attend_pages: write_slots [n] and read_slots [T] int64");
-  if (mask.has_value())
-    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == n && mask->size(1) == Tk,
-                "attend_pages: mask [n, T] bool, got ", mask->sizes());
+  specdec_cpu::check_pages("attend_pages", k_pages, v_pages, write_slots, read_slots, mask, n, D, dt);
   const at::Tensor ws = write_slots.contiguous(), rs = read_slots.contiguous();
-  const int64_t S = k_pages.size(0), row = Hkv * D;
+  const int64_t row = Hkv * D;
   const int64_t* w = ws.data_ptr<int64_t>();
   const int64_t* r = rs.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; i++) TORCH_CHECK(w[i] >= 0 && w[i] < S, "attend_pages: write slot ", w[i], " outside the pages");
-  for (int64_t t = 0; t < Tk; t++) TORCH_CHECK(r[t] >= 0 && r[t] < S, "attend_pages: read slot ", r[t], " outside the pages");
   // the new keys and values, row by row (k_new may be any strided view, e.g. a slice of a graph's output)
   const at::Tensor kn = k_new.contiguous(), vn = v_new.contiguous(), qc = q.contiguous();
   const at::Tensor mc = mask.has_value() ? mask->contiguous() : at::Tensor();

@@ -1,7 +1,8 @@
 """specdec's C++ CPU kernels as one library: built on first use, cached, loaded once per process.
 
 Why one library: the kernels (cpu_rows.cpp, the short-block linear; cpu_attention.cpp, a step's attention over
-the paged KV) share their build: the C++ compiler inductor also uses (`CXX`, default c++), AVX2 + FMA,
+the paged KV; cpu_layer.cpp, a whole decoder layer of a step, built from the other two's headers) share
+their build: the C++ compiler inductor also uses (`CXX`, default c++), AVX2 + FMA,
 against the installed torch; cached as SPECDEC_HOME/kernels/cpu_kernels-<hash of the sources, torch,
 compiler>.so (written under a temporary name, then renamed: two processes building at once both end with a
 whole file). `load()` returns why they cannot run (no AVX2/FMA, no compiler, a build error) or None;
@@ -21,8 +22,9 @@ import torch
 
 from ..hf.cpu import cpuinfo
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.cpp", "cpu_attention.cpp"))
-HEADERS = (Path(__file__).with_name("cpu_vec.h"),)  # included by the sources: part of the cache key
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.cpp", "cpu_attention.cpp", "cpu_layer.cpp"))
+# included by the sources: part of the cache key
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_rows.h", "cpu_attention.h"))
 
 
 def cpu_supports() -> bool:

@@ -1,0 +1,187 @@
+// One Llama-family decoder layer over the 1 to 16 tokens of a decode or verification step, in one call, on x86
+// CPUs with AVX2 + FMA: input norm, q / k / v (+ biases), RoPE, the KV page write and attention, o, residual,
+// post-attention norm, gate / up, SiLU x up, down, residual.
+//
+// Why (specdec/kernels/cpu_layer.py has the measurements): the compiled step (hf/compiled.py) ran a layer as
+// an inductor graph plus the attention kernel between graphs; with the products already at the memory's
+// pace, what was left was the machinery around them: a graph call's guards, wrapper and Python op calls,
+// about 150-200 us a layer, 5-6 ms of a 30 ms SmolLM2 step. Here a layer is one op call.
+//
+// Rounding: every value that the graphs (and HF's modules) store in the model's dtype is rounded to it here
+// at the same point (norm outputs, each product, RoPE, attention, residual sums, SiLU x up); arithmetic in
+// between is float32, as inductor's fused loops do it. Products through cpu_rows.h (each weight row read once
+// for every row of x), attention through cpu_attention.h.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu_attention.h"
+#include "cpu_rows.h"
+
+namespace {
+
+template <typename T>
+inline float rnd(float v) {  // v rounded to T (identity for float)
+  return static_cast<float>(T(v));
+}
+
+// out [n, H] = w * (x / rms(x)) row by row, HF's RMSNorm: the normalised row rounded to T, then times w
+template <typename T>
+void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, float eps) {
+  for (int64_t i = 0; i < n; i++) {
+    const float* xi = x + i * H;
+    float ss = 0.f;
+    for (int64_t j = 0; j < H; j++) ss += xi[j] * xi[j];
+    const float r = 1.f / std::sqrt(ss / H + eps);
+    for (int64_t j = 0; j < H; j++) out[i * H + j] = rnd<T>(specdec_cpu::widen(w[j]) * rnd<T>(xi[j] * r));
+  }
+}
+
+// y [n, N] = x [n, K] @ w [N, K]^T (+ bias), rounded to T
+template <typename T>
+void linear(const float* x, const at::Tensor& w, const std::optional<at::Tensor>& bias, float* y, int64_t n) {
+  const int64_t N = w.size(0), K = w.size(1);
+  std::vector<float> b;
+  if (bias.has_value()) {
+    b.resize(N);
+    const T* bp = bias->data_ptr<T>();
+    for (int64_t j = 0; j < N; j++) b[j] = specdec_cpu::widen(bp[j]);
+  }
+  specdec_cpu::product(x, w.data_ptr<T>(), bias.has_value() ? b.data() : nullptr, y, n, N, K);
+  if constexpr (!std::is_same_v<T, float>)
+    for (int64_t j = 0; j < n * N; j++) y[j] = rnd<T>(y[j]);
+}
+
+// x [n, heads, D] = x * cos + roll(x, D / 2) * signed_sin (hf/lean.py's rope; cos, sin [n, D]), rounded to T
+template <typename T>
+void rope(float* x, const T* cos, const T* sin, int64_t n, int64_t heads, int64_t D) {
+  std::vector<float> row(D);
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t h = 0; h < heads; h++) {
+      float* xr = x + (i * heads + h) * D;
+      std::copy_n(xr, D, row.data());
+      for (int64_t d = 0; d < D; d++) {
+        const float rolled = row[(d + half) % D];
+        xr[d] = rnd<T>(rnd<T>(row[d] * specdec_cpu::widen(cos[i * D + d])) +
+                       rnd<T>(rolled * specdec_cpu::widen(sin[i * D + d])));
+      }
+    }
+}
+
+// g [m] = silu(g) * u, each rounded to T (HF: act(gate) * up)
+template <typename T>
+void silu_times(float* g, const float* u, int64_t m) {
+  int64_t j = 0;
+  for (; j + 8 <= m; j += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + j);
+    const __m256 e = specdec_cpu::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+    _mm256_storeu_ps(g + j, _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e)));
+  }
+  for (; j < m; j++) g[j] = g[j] / (1.f + std::exp(-g[j]));
+  for (j = 0; j < m; j++) g[j] = rnd<T>(rnd<T>(g[j]) * u[j]);
+}
+
+template <typename T>
+void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::optional<at::Tensor>>& bias,
+           const T* cos, const T* sin, T* k_pages, T* v_pages, const int64_t* write, const int64_t* read,
+           const bool* mask, int64_t n, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, float scale, float eps) {
+  const int64_t H = w[1].size(1), I = w[6].size(0), row = Hkv * D;
+  std::vector<float> h(n * H), q(n * Hq * D), k(n * row), v(n * row), att(n * Hq * D), g(n * I), u(n * I), o(n * H);
+  rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps);
+  linear<T>(h.data(), w[1], bias[0], q.data(), n);
+  linear<T>(h.data(), w[2], bias[1], k.data(), n);
+  linear<T>(h.data(), w[3], bias[2], v.data(), n);
+  rope(q.data(), cos, sin, n, Hq, D);
+  rope(k.data(), cos, sin, n, Hkv, D);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < row; j++) {
+      k_pages[write[i] * row + j] = T(k[i * row + j]);
+      v_pages[write[i] * row + j] = T(v[i * row + j]);
+    }
+  specdec_cpu::attend_all(q.data(), k_pages, v_pages, read, mask, scale, att.data(), n, Hq, Hkv, D, Tk);
+  if constexpr (!std::is_same_v<T, float>)
+    for (auto& a : att) a = rnd<T>(a);
+  linear<T>(att.data(), w[4], std::nullopt, o.data(), n);
+  for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
+  rms_norm(x, w[5].data_ptr<T>(), h.data(), n, H, eps);
+  linear<T>(h.data(), w[6], std::nullopt, g.data(), n);
+  linear<T>(h.data(), w[7], std::nullopt, u.data(), n);
+  silu_times<T>(g.data(), u.data(), n * I);
+  linear<T>(g.data(), w[8], std::nullopt, o.data(), n);
+  for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
+}
+
+// x [n, H] -> the layer's output [n, H] (x's dtype); weights: input norm [H], q [Hq*D, H], k, v [Hkv*D, H],
+// o [H, Hq*D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: q, k, v biases or None;
+// cos, sin [n, D] (sin's first half negated); k_pages, v_pages [S, Hkv, D] get the new tokens' keys and
+// values at write_slots [n]; the queries read read_slots [T] under mask [n, T] (None: every key).
+at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayRef<std::optional<at::Tensor>> qkv_bias,
+                         const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_pages, at::Tensor& v_pages,
+                         const at::Tensor& write_slots, const at::Tensor& read_slots,
+                         const std::optional<at::Tensor>& mask, double scale, double eps, int64_t heads,
+                         int64_t kv_heads) {
+  const char* op = "decoder_layer";
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, op, ": x [n, H] on the CPU, got ", x.sizes());
+  TORCH_CHECK(weights.size() == 9 && qkv_bias.size() == 3, op, ": 9 weights and 3 q/k/v biases, got ",
+              weights.size(), " and ", qkv_bias.size());
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, op, ": float32 or bfloat16, got ", dt);
+  const int64_t n = x.size(0), H = x.size(1), D = k_pages.dim() == 3 ? k_pages.size(2) : 0, I = weights[6].size(0);
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_pages.dim() == 3 && k_pages.size(1) == kv_heads,
+              op, ": heads a multiple of kv_heads, the pages [S, kv_heads, D]");
+  const std::vector<std::vector<int64_t>> shapes = {{H}, {heads * D, H}, {kv_heads * D, H}, {kv_heads * D, H},
+                                                    {H, heads * D}, {H}, {I, H}, {I, H}, {H, I}};
+  const char* names[] = {"input norm", "q", "k", "v", "o", "post-attention norm", "gate", "up", "down"};
+  for (size_t j = 0; j < 9; j++) {
+    TORCH_CHECK(weights[j].sizes() == at::IntArrayRef(shapes[j]), op, ": the ", names[j], " weight should be ",
+                at::IntArrayRef(shapes[j]), ", got ", weights[j].sizes());
+    TORCH_CHECK(weights[j].scalar_type() == dt && weights[j].is_contiguous(), op, ": the ", names[j],
+                " weight should be contiguous and of x's dtype");
+  }
+  for (size_t j = 0; j < 3; j++)
+    if (qkv_bias[j].has_value())
+      TORCH_CHECK(qkv_bias[j]->numel() == weights[1 + j].size(0) && qkv_bias[j]->scalar_type() == dt &&
+                      qkv_bias[j]->is_contiguous(), op, ": the ", names[1 + j], " bias should be [",
+                  weights[1 + j].size(0), "] of x's dtype");
+  TORCH_CHECK(cos.sizes() == at::IntArrayRef({n, D}) && sin.sizes() == cos.sizes() && cos.scalar_type() == dt &&
+                  sin.scalar_type() == dt, op, ": cos, sin [n, D] of x's dtype, got ", cos.sizes());
+  specdec_cpu::check_pages(op, k_pages, v_pages, write_slots, read_slots, mask, n, D, dt);
+  at::Tensor out = at::empty({n, H}, x.options());
+  if (n == 0) return out;
+  const at::Tensor ws = write_slots.contiguous(), rs = read_slots.contiguous(), cc = cos.contiguous(),
+                   sc = sin.contiguous();
+  const at::Tensor mc = mask.has_value() ? mask->contiguous() : at::Tensor();
+  std::vector<at::Tensor> w(weights.begin(), weights.end());
+  std::vector<std::optional<at::Tensor>> b(qkv_bias.begin(), qkv_bias.end());
+  std::vector<float> xf(n * H);
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    const at::Tensor xc = x.contiguous();
+    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xc.data_ptr<T>()[j]);
+    layer<T>(xf.data(), w, b, cc.data_ptr<T>(), sc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(),
+             ws.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), mask.has_value() ? mc.data_ptr<bool>() : nullptr, n,
+             read_slots.numel(), heads, kv_heads, D, float(scale), float(eps));
+    for (int64_t j = 0; j < n * H; j++) out.data_ptr<T>()[j] = T(xf[j]);
+  };
+  if (dt == at::kFloat)
+    run(float(0));
+  else
+    run(c10::BFloat16(0));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
+  m.def("decoder_layer(Tensor x, Tensor[] weights, Tensor?[] qkv_bias, Tensor cos, Tensor sin, Tensor(a!) k_pages, "
+        "Tensor(b!) v_pages, Tensor write_slots, Tensor read_slots, Tensor? mask, float scale, float eps, int heads, "
+        "int kv_heads) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("decoder_layer", &decoder_layer); }

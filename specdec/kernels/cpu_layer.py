@@ -1,0 +1,54 @@
+"""One Llama-family decoder layer of a decode or verification step (1 to 16 tokens) in one call, on x86 CPUs
+with AVX2 and FMA (cpu_layer.cpp): norm, q/k/v, RoPE, the KV page write and attention, o, residual, norm,
+SwiGLU MLP, residual.
+
+Why: with the step's products at the memory's pace (cpu_rows.py) and its attention one call
+(cpu_attention.py), the compiled step (hf/compiled.py) still paid per layer for the machinery around them:
+an inductor graph's guards, its wrapper and the Python calls of the ops inside it. The kernel runs the layer
+from one call, the products through the row kernel's code, the attention through the attention kernel's,
+the small ops in between as plain loops. Values are rounded to the model's dtype where the graphs and HF's
+modules store them (decoder_layer_ref is the same layer in torch).
+
+Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
+`torch.ops.specdec_cpu.decoder_layer`; it mutates the page tensors it is given (declared in its schema).
+
+Shapes: x [n, H] float32 or bfloat16; weights (9, x's dtype, contiguous): input norm [H], q [Hq * D, H],
+k, v [Hkv * D, H], o [H, Hq * D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: three
+of [out] or None; cos, sin [n, D] (hf/lean.py's table: sin's first half negated); k_pages, v_pages
+[S, Hkv, D]; write_slots [n], read_slots [T] int64; mask [n, T] bool or None -> [n, H].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_attention
+
+MAX_ROWS = 16  # the row kernel's reach (cpu_rows.MAX_ROWS): longer forwards take the graphs or the lean loop
+
+
+def decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale: float,
+                  eps: float, heads: int, kv_heads: int) -> torch.Tensor:
+    """The layer (module docstring; call cpu_library.load() first)."""
+    return torch.ops.specdec_cpu.decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots,
+                                               read_slots, mask, scale, eps, heads, kv_heads)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def decoder_layer_ref(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale,
+                      eps, heads, kv_heads) -> torch.Tensor:
+    """The kernel's reference in torch, HF's modules' arithmetic (the attention: cpu_attention's reference)."""
+    n_in, wq, wk, wv, wo, n_post, wg, wu, wd = weights
+    D = k_pages.shape[2]
+    h = _rms(x, n_in, eps)
+    q, k, v = (F.linear(h, w, b).view(x.shape[0], -1, D) for w, b in zip((wq, wk, wv), qkv_bias))
+    c, s = cos[:, None], sin[:, None]
+    q, k = (t * c + t.roll(D // 2, -1) * s for t in (q, k))
+    att = cpu_attention.attend_pages_ref(q, k, v, k_pages, v_pages, write_slots, read_slots, mask, scale)
+    x = x + F.linear(att, wo)
+    h = _rms(x, n_post, eps)
+    return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)

@@ -1,0 +1,77 @@
+// The short-block product of cpu_rows.cpp as templates, for every kernel that multiplies by weights
+// (cpu_rows.cpp's op, cpu_layer.cpp's decoder layer): y [M, N] = x [M, K] (float32) @ w [N, K]^T (+ bias).
+#pragma once
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "cpu_vec.h"
+
+namespace specdec_cpu {
+
+// R weight rows [n, n + R) against M rows of x (float32, [M, K], row stride K): out[m, n + r].
+template <int M, int R, typename W, typename O>
+inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t n, int64_t N, int64_t K) {
+  __m256 acc[R][M];
+  for (int r = 0; r < R; r++)
+    for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r) * K + k);
+    if ((k & 15) == 0)  // the next tile's rows, one cache line per row per 64 bytes of float32 read here
+      for (int r = 0; r < R; r++) _mm_prefetch(reinterpret_cast<const char*>(w + (n + R + r) * K + k), _MM_HINT_T0);
+    for (int m = 0; m < M; m++) {
+      __m256 xv = load8(x + m * K + k);
+      for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int m = 0; m < M; m++) {
+      float s = hsum(acc[r][m]);
+      for (int64_t j = k; j < K; j++) s += widen(w[(n + r) * K + j]) * x[m * K + j];
+      if (bias) s += bias[n + r];
+      out[m * N + n + r] = O(s);
+    }
+}
+
+// Weight rows [n0, n1) against M <= 8 rows of x: R at a time, then one at a time.
+template <int M, typename W, typename O>
+void rows(const float* x, const W* w, const float* bias, O* out, int64_t n0, int64_t n1, int64_t N, int64_t K) {
+  constexpr int R = M <= 2 ? 4 : M <= 3 ? 3 : M <= 6 ? 2 : 1;  // R * M accumulators + R weights + 1 x <= 16 registers
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) tile<M, R>(x, w, bias, out, n, N, K);
+  for (; n < n1; n++) tile<M, 1>(x, w, bias, out, n, N, K);
+}
+
+template <typename W, typename O>
+void rows_any(int64_t M, const float* x, const W* w, const float* bias, O* out, int64_t n0, int64_t n1, int64_t N,
+              int64_t K) {
+  switch (M) {
+    case 1: return rows<1>(x, w, bias, out, n0, n1, N, K);
+    case 2: return rows<2>(x, w, bias, out, n0, n1, N, K);
+    case 3: return rows<3>(x, w, bias, out, n0, n1, N, K);
+    case 4: return rows<4>(x, w, bias, out, n0, n1, N, K);
+    case 5: return rows<5>(x, w, bias, out, n0, n1, N, K);
+    case 6: return rows<6>(x, w, bias, out, n0, n1, N, K);
+    case 7: return rows<7>(x, w, bias, out, n0, n1, N, K);
+    default: return rows<8>(x, w, bias, out, n0, n1, N, K);
+  }
+}
+
+// Split the weight's rows evenly between torch's intra-op threads (in multiples of 4); within a thread,
+// blocks of 64 weight rows meet x in chunks of 8 rows while the block is in cache.
+template <typename W, typename O>
+void product(const float* x, const W* w, const float* bias, O* out, int64_t M, int64_t N, int64_t K) {
+  at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t q0, int64_t q1) {
+    const int64_t end = std::min(N, q1 * 4);
+    for (int64_t n0 = q0 * 4; n0 < end; n0 += 64) {
+      const int64_t n1 = std::min(end, n0 + 64);
+      for (int64_t m = 0; m < M; m += 8)
+        rows_any(std::min<int64_t>(8, M - m), x + m * K, w, bias, out + m * N, n0, n1, N, K);
+    }
+  });
+}
+
+}  // namespace specdec_cpu

@@ -1,0 +1,77 @@
+"""specdec's CPU decoder-layer kernel (kernels/cpu_layer.py): one Llama-family layer of a step to float32
+rounding of its torch reference (HF's modules' arithmetic), bfloat16 rounded where they round; the page
+write; biases and GQA; clear errors naming the weight, written nothing."""
+import pytest
+import torch
+
+from specdec.kernels import cpu_layer, cpu_library
+
+pytestmark = pytest.mark.skipif(not cpu_library.cpu_supports(), reason="the kernel needs an x86 CPU with AVX2 and FMA")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    assert cpu_library.load() is None
+
+
+def _layer(n, dtype, H=96, Hq=6, Hkv=2, D=16, I=200, prefix=40, biases=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) / 10
+
+    weights = [torch.rand(H, generator=g) + 0.5, r(Hq * D, H), r(Hkv * D, H), r(Hkv * D, H), r(H, Hq * D),
+               torch.rand(H, generator=g) + 0.5, r(I, H), r(I, H), r(H, I)]
+    bias = [r(Hq * D), None, r(Hkv * D)] if biases else [None, None, None]
+    pos = torch.arange(n) + prefix
+    freqs = torch.outer(pos.float(), 1 / 10000 ** (torch.arange(0, D, 2).float() / D))
+    emb = torch.cat([freqs, freqs], -1)
+    sin = torch.cat([-emb.sin()[:, :D // 2], emb.sin()[:, D // 2:]], -1)
+    read = torch.randperm(128, generator=g)[:prefix + n]
+    mask = None if n == 1 else torch.cat([torch.ones(n, prefix, dtype=torch.bool),
+                                          torch.tril(torch.ones(n, n, dtype=torch.bool))], 1)
+    to = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    return dict(x=torch.randn(n, H, generator=g).to(dtype), weights=[to(w) for w in weights],
+                qkv_bias=[to(b) for b in bias], cos=emb.cos().to(dtype), sin=sin.to(dtype),
+                k_pages=torch.randn(128, Hkv, D, generator=g).to(dtype),
+                v_pages=torch.randn(128, Hkv, D, generator=g).to(dtype), write_slots=read[prefix:], read_slots=read,
+                mask=mask, scale=D ** -0.5, eps=1e-5, heads=Hq, kv_heads=Hkv)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("biases", [True, False])
+def test_the_layer_is_its_reference_to_rounding(n, dtype, biases):
+    args = _layer(n, dtype, biases=biases, seed=n)
+    ref_args = dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
+    ref = cpu_layer.decoder_layer_ref(**ref_args)
+    got = cpu_layer.decoder_layer(**args)
+    assert got.shape == args["x"].shape and got.dtype == dtype
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    assert torch.allclose(got.float(), ref.float(), **tol)
+    for name in ("k_pages", "v_pages"):  # the new keys and values written to their slots
+        assert torch.allclose(args[name].float(), ref_args[name].float(), **tol)
+        untouched = torch.ones(args[name].shape[0], dtype=torch.bool)
+        untouched[args["write_slots"]] = False
+        assert torch.equal(args[name][untouched], ref_args[name][untouched])
+    if dtype == torch.bfloat16:  # rounded where HF rounds: nearly always the very same bfloat16 values
+        assert (got == ref).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a["weights"].__setitem__(6, a["weights"][6][:, :10]), "the gate weight should be \\[200, 96\\]"),
+    (lambda a: a["weights"].pop(), "9 weights and 3 q/k/v biases"),
+    (lambda a: a["weights"].__setitem__(4, a["weights"][4].t().contiguous().t()), "o weight should be contiguous"),
+    (lambda a: a["qkv_bias"].__setitem__(0, torch.zeros(5)), "the q bias should be \\[96\\]"),
+    (lambda a: a.update(cos=a["cos"][:, :8]), "cos, sin \\[n, D\\]"),
+    (lambda a: a.update(x=a["x"].half()), "float32 or bfloat16"),
+    (lambda a: a.update(kv_heads=4), "heads a multiple of kv_heads"),
+    (lambda a: a.update(read_slots=a["read_slots"] + 1000), "read slot 10[0-9][0-9] outside the pages"),
+])
+def test_bad_input_gets_an_error_naming_it_and_writes_nothing(change, message):
+    args = _layer(2, torch.float32)
+    change(args)
+    before = args["k_pages"].clone()
+    with pytest.raises(RuntimeError, match=message):
+        cpu_layer.decoder_layer(**args)
+    assert torch.equal(args["k_pages"], before)
