@@ -62,10 +62,7 @@ at::Tensor attend_pages(const at::Tensor& q, const at::Tensor& k_new, const at::
     attend_all(qc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), r,
                mask.has_value() ? mc.data_ptr<bool>() : nullptr, float(scale), out.data_ptr<T>(), n, Hq, Hkv, D, Tk);
   };
-  if (dt == at::kFloat)
-    run(float(0));
-  else
-    run(c10::BFloat16(0));
+  specdec_cpu::with_float_type(dt, run);
   return out;
 }
 

@@ -170,10 +170,7 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
              read_slots.numel(), heads, kv_heads, D, float(scale), float(eps));
     for (int64_t j = 0; j < n * H; j++) out.data_ptr<T>()[j] = T(xf[j]);
   };
-  if (dt == at::kFloat)
-    run(float(0));
-  else
-    run(c10::BFloat16(0));
+  specdec_cpu::with_float_type(dt, run);
   return out;
 }
 

@@ -41,10 +41,10 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   const float* b = bias.has_value() ? bf.data_ptr<float>() : nullptr;
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
-  if (weight.scalar_type() == at::kFloat)
-    product(xf.data_ptr<float>(), weight.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
-  else
-    product(xf.data_ptr<float>(), weight.data_ptr<c10::BFloat16>(), b, out.data_ptr<c10::BFloat16>(), M, N, K);
+  specdec_cpu::with_float_type(weight.scalar_type(), [&](auto zero) {
+    using T = decltype(zero);
+    product(xf.data_ptr<float>(), weight.data_ptr<T>(), b, out.data_ptr<T>(), M, N, K);
+  });
   return out;
 }
 

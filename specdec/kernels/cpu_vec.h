@@ -1,6 +1,8 @@
 // The AVX2 helpers specdec's CPU kernels share (cpu_rows.cpp, cpu_attention.cpp): eight float32 lanes loaded
-// from float32 or bfloat16 (bfloat16 is float32's top half: widened by a shift), and a register's lane sum.
+// from float32 or bfloat16 (bfloat16 is float32's top half: widened by a shift), a register's lane sum, and
+// an op's body run for its dtype.
 #pragma once
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
@@ -18,6 +20,15 @@ inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// f(float()) or f(c10::BFloat16()) for dt (an op checked it is one of the two): the op's body, typed
+template <typename F>
+inline void with_float_type(c10::ScalarType dt, F&& f) {
+  if (dt == c10::ScalarType::Float)
+    f(float(0));
+  else
+    f(c10::BFloat16(0));
 }
 
 }  // namespace specdec_cpu
