@@ -24,16 +24,17 @@ from specdec.cache.pool import BlockTable, PagePool
 from specdec.cli.bench import memory_bandwidth, weight_bytes_per_step
 from specdec.files import write_text
 from specdec.hf import compiled
+from specdec.kernels import cpu_layer, cpu_rows
 from specdec.hf.attention import specdec_attention
 from specdec.hf.compiled import CompiledRunner, bucket_for
 from specdec.hf.lean import LeanRunner
 from specdec.hf.linear import machine
 
 PREFIX = 200
-# the compiled step twice where the CPU kernels load: its attention through kernels/cpu_attention.py (what
-# runs by default) and through torch (page write, gather, SDPA: what runs where they do not)
-PATHS = ("lean", "compiled") + (("compiled, torch attention",) if compiled.attention_kernel_takes(
-    torch.empty(1), 64) else ())
+# the compiled step twice where its layer kernel runs (kernels/cpu_layer.py, forwards of up to 16 tokens): as it
+# runs by default, and through its inductor graphs (with the attention kernel between them), as it runs
+# where the layer kernel does not
+GRAPHS = "compiled, graphs"
 
 
 def products(model, form: tuple, lean: LeanRunner | None):
@@ -47,6 +48,8 @@ def products(model, form: tuple, lean: LeanRunner | None):
     if lean is not None:
         linears = [f for L in lean.layers for f in (L.q, L.k, L.v, L.o, L.gate, L.up, L.down)] + [lean.head]
         return lambda xs: [f(xs[w.shape[1]]) for f, w in zip(linears, weights)]
+    if form[0] > 0:  # the row kernel's products (what the layer kernel and the graphs call), called directly
+        return lambda xs: [cpu_rows.rows_linear(xs[w.shape[1]], w) for w in weights]
     fn = torch.compile(lambda x, w: compiled._product(x, w, None, form), dynamic=False)
     return lambda xs: [fn(xs[w.shape[1]], w) for w in weights]
 
@@ -65,16 +68,20 @@ def measure(model, n: int, repeats: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (PREFIX,), generator=gen)
     step_tokens = torch.randint(0, vocab, (n,), generator=gen)
+    layer_kernel = compiled.layer_kernel_takes(compiled.product_form(model.lm_head.weight),
+                                               compiled.attention_kernel_takes(model.lm_head.weight, 64))
+    paths = ("lean", "compiled") + ((GRAPHS,) if layer_kernel and n <= cpu_layer.MAX_ROWS else ())
     runners = {}
-    for name in PATHS:
+    for name in paths:
         pool = PagePool(32, 16)
         table = BlockTable(pool, "cpu")
         runner = LeanRunner.for_model(model, pool, table, exact=True) if name == "lean" else \
             CompiledRunner.for_model(model, pool, table)
+        if name == GRAPHS:
+            runner.layer_kernel = False  # its own buckets: the graphs compile on its prepare
+            runner.steps = compiled.CompiledSteps(model)
         if name != "lean":
             runner.prepare(n)
-        if name == "compiled, torch attention":
-            runner.attention_kernel = False
         with specdec_attention(model):
             runner.forward(prefix, logits_rows=1)
         runners[name] = (runner, table)
@@ -89,14 +96,14 @@ def measure(model, n: int, repeats: int) -> dict:
     hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
     g = compiled.product_form(model.lm_head.weight)
     prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
-    rounds = {k: [] for k in (*PATHS, "lean weights", "compiled weights")}
+    rounds = {k: [] for k in (*paths, "lean weights", "compiled weights")}
     with torch.no_grad(), specdec_attention(model):
-        for name in PATHS:  # warm
+        for name in paths:  # warm
             step(name)
         for name in prods:
             prods[name](hidden)
         for _ in range(repeats):
-            for name in PATHS:
+            for name in paths:
                 rounds[name].append(timed(lambda: step(name), 3))
                 if name in prods:
                     rounds[name + " weights"].append(timed(lambda: prods[name](hidden), 3))
@@ -116,10 +123,9 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     read_bw = memory_bandwidth()["read"]
-    torch_attention = "compiled, torch attention" in PATHS
     rows = ["| dtype | n (bucket) | lean ms | its weights ms | other ms | compiled ms | its weights ms | other ms | "
-            "compiled / lean | " + ("compiled, torch attention ms | " if torch_attention else "") +
-            "bandwidth line ms |", "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if torch_attention else "")]
+            "compiled / lean | compiled through its graphs ms | bandwidth line ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in a.dtypes:
         dt = getattr(torch, name)
         model, _ = zoo.load(a.target, dtype=dt)
@@ -130,7 +136,7 @@ def main() -> None:
             rows.append(f"| {name} | {n} ({bucket_for(n)}) | {ms['lean']:.1f} | {ms['lean weights']:.1f} | "
                         f"{ms['lean'] - ms['lean weights']:.1f} | {ms['compiled']:.1f} | {ms['compiled weights']:.1f} | "
                         f"{ms['compiled'] - ms['compiled weights']:.1f} | {ms['compiled'] / ms['lean']:.2f} | " +
-                        (f"{ms['compiled, torch attention']:.1f} | " if torch_attention else "") + f"{line:.1f} |")
+                        (f"{ms[GRAPHS]:.1f} | " if GRAPHS in ms else "- | ") + f"{line:.1f} |")
             print(rows[-1], flush=True)
     cmd = "python benchmarks/compiled_step.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
@@ -139,9 +145,10 @@ def main() -> None:
           f"{a.threads} threads, median of {a.repeats} rounds (each the median of 3 steps), lean and compiled "
           f"alternating. 'its weights': the step's weight products alone, in the path's own form; 'other' = the "
           f"step minus that (approximate: the products timed alone miss the step's other cache traffic and "
-          f"fusions, so it can come out below zero). 'compiled, torch attention': the same compiled step with each "
-          f"layer's attention through torch (page write, gather, SDPA) instead of specdec's CPU attention kernel. "
-          f"Bandwidth line: weight bytes / streaming-read bandwidth "
+          f"fusions, so it can come out below zero). 'compiled': the step as it runs by default, here one call of "
+          f"specdec's CPU layer kernel a layer for up to 16 tokens (kernels/cpu_layer.py); 'compiled through its "
+          f"graphs': the same step through its inductor graphs with the CPU attention kernel between them, as "
+          f"where the layer kernel does not run. Bandwidth line: weight bytes / streaming-read bandwidth "
           f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
     print(md)
     if a.out:

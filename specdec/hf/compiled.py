@@ -9,11 +9,17 @@ the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C+
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
 such a machine (`product_form`) multiplies blocks of up to 16 rows through specdec's row kernel
 (kernels/cpu_rows.py), or without it one or two rows as reductions it vectorises itself (reading each
-weight once for both rows) and 3-16 rows weight-first. On an AMD EPYC (2 threads,
-benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 32.3 ms against the lean
-loop's 36.1 (both through the row kernel; before it, 38.4 against 63.5), 8 tokens 42.1 against 44.0.
+weight once for both rows) and 3-16 rows weight-first.
 
-What is compiled: per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
+The layer kernel: where the row kernel multiplies every bucket up to 16 rows and specdec's CPU kernels
+load (`layer_kernel_takes`), forwards of up to 16 tokens skip the graphs: each layer is one call of
+kernels/cpu_layer.py (the same arithmetic, rounded where the graphs round, attention included), so a
+layer costs one op call instead of a graph call's guards and wrapper and its ops' Python calls. On an AMD
+EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 23.4 ms
+against 28.2 through the graphs and 34.2 in the lean loop (the weights alone 21.3; the bandwidth line
+19.8), a bfloat16 one 19.0 against 29.1 and 45.6.
+
+What is compiled (for the 32-token bucket, and every bucket where the layer kernel does not run): per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
 final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
 sequence one call of specdec's CPU attention kernel (kernels/cpu_attention.py: the KV page write and the
@@ -24,12 +30,14 @@ and a float32 8-token one from 51.0 to 42.7 (benchmarks/results/compiled_step_am
 tokens pads to the smallest bucket >= n (BUCKETS; pad rows are zeros, their outputs dropped); longer
 forwards (prefill) and what the graphs do not cover (entry at a later layer, a quantized draft's joined
 products) take the lean loop. A packed batch (hf/batch_runner.py) runs its rows' tokens together through
-the same buckets, attention row by row as the lean loop does it.
+the same buckets: through the graphs attention row by row as the lean loop does it, through the layer
+kernel over the batch's block-diagonal mask.
 
 Exactness: the graphs compute the same math as HF's modules in another rounding (fused loops, other
 summation order), so logits differ from HF's eager ones in the last bits; the promise kept is the
 target's greedy output and exact sampling of the logits the step computes (`step="bitwise"` keeps the
-lean loop's bit-for-bit logits). Each (model, dtype, bucket) is checked once, on its first forward,
+lean loop's bit-for-bit logits). Each (model, dtype, bucket) is checked once, on its first forward
+(graphs or layer kernel),
 against the lean loop on the same inputs (same argmax on every row, logits within rounding); a bucket
 that fails it, fails to compile or raises later falls back to the lean loop with one warning naming
 the reason.
@@ -391,6 +399,7 @@ class CompiledRunner(LeanRunner):
         pool = PagePool(8, 16)  # 128 slots: a 33-token prefix + the largest bucket
         table = BlockTable(pool, self.device)
         scratch = type(self)(self.model, pool, table, self.steps)
+        scratch.layer_kernel = self.layer_kernel  # the same path as this runner's forwards
         vocab = self.model.config.get_text_config().vocab_size
         tokens = torch.randint(0, vocab, (33 + top,), generator=torch.Generator().manual_seed(0)).to(self.device)
         try:
