@@ -219,6 +219,12 @@ def main() -> None:
         from specdec.files import write_text
         from specdec.hf.linear import machine
 
+        def runs_folder(files: list) -> str:
+            """Where the runs' JSON lie, relative to benchmarks/ when they lie under it."""
+            folder = Path(files[0]).resolve().parent
+            inside = folder.is_relative_to(ROOT / "benchmarks")
+            return f"{folder.relative_to(ROOT / 'benchmarks')}/" if inside else f"{folder}/"
+
         write_text(out, f"# vLLM CPU and specdec side by side\n\n`python benchmarks/peers/vllm_peer.py "
                         f"--compare {' '.join(Path(f).name for f in a.compare)}` over engine runs of "
                         f"`vllm_peer.py --engine vllm|specdec --num-prompts {a.num_prompts} --max-new-tokens "
@@ -228,7 +234,7 @@ def main() -> None:
                         f"own default on a 2-core machine, computes on one and reserves the other for its front end "
                         f"(`reserve_cpu_num=1` in its log). Each engine run loads, warms up, then times every "
                         f"generation alone; the engines ran alternately ({engines.count('specdec')} specdec runs, "
-                        f"{engines.count('vllm')} vLLM runs; the runs' JSON: `results/peers/`).\n\n"
+                        f"{engines.count('vllm')} vLLM runs; the runs' JSON: `{runs_folder(a.compare)}`).\n\n"
                         f"Machine: {machine()}.\n\n"
                         f"{table}\n")
         print(table)
