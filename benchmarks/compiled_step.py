@@ -23,7 +23,7 @@ from specdec import zoo
 from specdec.cache.pool import BlockTable, PagePool
 from specdec.cli.bench import memory_bandwidth, weight_bytes_per_step
 from specdec.files import write_text
-from specdec.hf import compiled
+from specdec.hf import compiled, compiled_graphs
 from specdec.kernels import cpu_layer, cpu_rows
 from specdec.hf.attention import specdec_attention
 from specdec.hf.compiled import CompiledRunner, bucket_for
@@ -39,7 +39,7 @@ GRAPHS = "compiled, graphs"
 
 def products(model, form: tuple, lean: LeanRunner | None):
     """A function of x [n, H] running every weight product of one forward over n rows, in the path's
-    form: the lean loop's bound linears (lean given), else the compiled graphs' (compiled._product,
+    form: the lean loop's bound linears (lean given), else the compiled graphs' (compiled_graphs._product,
     itself compiled)."""
     weights = [p for layer in model.model.layers for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
                                                      layer.self_attn.v_proj.weight, layer.self_attn.o_proj.weight,
@@ -50,7 +50,7 @@ def products(model, form: tuple, lean: LeanRunner | None):
         return lambda xs: [f(xs[w.shape[1]]) for f, w in zip(linears, weights)]
     if form[0] > 0:  # the row kernel's products (what the layer kernel and the graphs call), called directly
         return lambda xs: [cpu_rows.rows_linear(xs[w.shape[1]], w) for w in weights]
-    fn = torch.compile(lambda x, w: compiled._product(x, w, None, form), dynamic=False)
+    fn = torch.compile(lambda x, w: compiled_graphs._product(x, w, None, form), dynamic=False)
     return lambda xs: [fn(xs[w.shape[1]], w) for w in weights]
 
 

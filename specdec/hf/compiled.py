@@ -19,7 +19,8 @@ EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2
 against 28.2 through the graphs and 34.2 in the lean loop (the weights alone 21.3; the bandwidth line
 19.8), a bfloat16 one 19.0 against 29.1 and 45.6.
 
-What is compiled (for the 32-token bucket, and every bucket where the layer kernel does not run): per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
+What is compiled (hf/compiled_graphs.py; for the 32-token bucket, and every bucket where the layer kernel
+does not run): per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
 norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
 final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
 sequence one call of specdec's CPU attention kernel (kernels/cpu_attention.py: the KV page write and the
@@ -52,7 +53,6 @@ import logging
 import os
 import threading
 import time
-import types
 import warnings
 import weakref
 
@@ -62,34 +62,15 @@ import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
 from ..kernels import cpu_attention, cpu_layer, cpu_library, cpu_rows
-from . import linear, packed
+from . import packed
 from .attention import specdec_attention
 from .cache import StepMeta
-from .lean import LeanRunner, _select_rows, attend_rows, rope
+from .compiled_graphs import ACTIVATIONS, _layer_params, _rms, make_graphs, product_form
+from .lean import LeanRunner, _select_rows, attend_rows
 
 log = logging.getLogger("specdec")
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
-# how a block's products multiply, by its rows: (most rows through specdec's row kernel, most rows as
-# inductor reductions, most rows weight-first). Where MKL's own short-block products are slow (the
-# weight-first rule's machines, hf/linear.py) and the row kernel builds (kernels/cpu_rows.py), it takes
-# every bucket up to its 16 rows, float32 or bfloat16. Without it, a float32 block there (measured: AMD
-# EPYC, 2 threads, a whole SmolLM2 step): 1 row 34 ms as reductions against 73 through F.linear; 2 rows 53
-# against 60 weight-first; 4 rows 67 weight-first against 97 as reductions or F.linear; 8 rows 104 against
-# 154 (F.linear) and 184 (reductions); 16 rows 104 against 149: WEIGHT_FIRST_FORM.
-# NO_FORM: every product through F.linear (inductor calls the BLAS), as elsewhere.
-NO_FORM = (0, 0, 0)
-WEIGHT_FIRST_FORM = (0, 2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else NO_FORM
-
-
-def product_form(weight: torch.Tensor) -> tuple:
-    """The form (above) of a model whose weights are like this one (its LM head's)."""
-    if linear.row_kernel_takes(weight):
-        return (cpu_rows.MAX_ROWS, 0, 0)
-    return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
-ACTIVATIONS = {"silu": F.silu}
-
-
 def layer_kernel_takes(form: tuple, attention_kernel: bool) -> bool:
     """Do forwards of up to cpu_layer.MAX_ROWS tokens run as kernels/cpu_layer.py calls instead of the graphs?
     Where the attention kernel runs and the row kernel multiplies every such bucket (form: product_form's);
@@ -112,65 +93,6 @@ def attention_kernel_takes(weight: torch.Tensor, head_dim: int) -> bool:
 def bucket_for(n: int) -> int | None:
     """The smallest bucket holding n tokens, or None (the lean loop runs it)."""
     return next((b for b in BUCKETS if b >= n), None)
-
-
-def _product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, form: tuple) -> torch.Tensor:
-    """x [B, in] @ w [out, in]ᵀ (+ bias) -> [B, out], in the form product_form gives for B rows: the row
-    kernel, one reduction per row (inductor fuses them into one loop over w), weight-first (w @ xᵀ), or
-    F.linear."""
-    kernel_rows, gemv_rows, weight_first_rows = form
-    if x.shape[0] <= kernel_rows:
-        return cpu_rows.rows_linear(x, w, bias)
-    if x.shape[0] <= gemv_rows:
-        y = torch.stack([(x[j] * w).sum(-1) for j in range(x.shape[0])])
-    elif x.shape[0] <= weight_first_rows:
-        y = torch.mm(w, x.t()).t()
-    else:
-        return F.linear(x, w, bias)
-    return y if bias is None else y + bias
-
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(x.dtype)
-
-
-def _pre(x, p, cos, sin, dims, g):
-    """Input norm, q/k/v and RoPE of one layer: x [B, H] -> q [B, Hq, D], k, v [B, Hkv, D]."""
-    Hq, Hkv, D, eps = dims
-    h = _rms(x, p[0], eps)
-    q = _product(h, p[1], p[2], g).view(-1, Hq, D)
-    k = _product(h, p[3], p[4], g).view(-1, Hkv, D)
-    v = _product(h, p[5], p[6], g).view(-1, Hkv, D)
-    return rope(q, cos, sin), rope(k, cos, sin), v
-
-
-def _post(att, x, p, eps, act, g):
-    """o projection, residual, norm, MLP, residual: att [B, Hq * D], x [B, H] -> x [B, H]."""
-    x = x + _product(att, p[7], None, g)
-    h = _rms(x, p[8], eps)
-    return x + _product(ACTIVATIONS[act](_product(h, p[9], None, g)) * _product(h, p[10], None, g), p[11], None, g)
-
-
-def _mid(att, x, p, p_next, cos, sin, dims, act, g):
-    x = _post(att, x, p, dims[3], act, g)
-    return (x, *_pre(x, p_next, cos, sin, dims, g))
-
-
-def _last(att, x, p, final_norm, head, eps, act, g):
-    """The last layer's _post, the final norm and the LM head: -> x [B, H], normed [B, H], logits [B, V]."""
-    x = _post(att, x, p, eps, act, g)
-    normed = _rms(x, final_norm, eps)
-    return x, normed, _product(normed, head, None, g).float()
-
-
-def _layer_params(layer) -> tuple:
-    """The 12 tensors of one Llama-family decoder layer, in _pre/_post's order (biases may be None)."""
-    a, m = layer.self_attn, layer.mlp
-    return (layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
-            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, layer.post_attention_layernorm.weight,
-            m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
 
 
 def unsupported_reason(model) -> str | None:
@@ -262,20 +184,6 @@ def steps_for(model) -> CompiledSteps:
 def compiling(model) -> bool:
     """Is a background thread compiling `model`'s step now (CompiledRunner.prepare(background=True))?"""
     return any(steps.compiling_elsewhere() for steps in _steps.get(model, {}).values())
-
-
-def make_graphs(tag: int) -> dict:
-    """'pre', 'mid', 'last' compiled, each from a code object of its own (named with `tag`). Dynamo keeps one
-    cache per code object and refuses to compile past its recompile limit (8; a setting that, in this
-    torch, holds only for the thread that sets it): with the module's functions shared, a process that runs
-    a few models' buckets would exhaust it. One model and dtype needs at most len(BUCKETS) entries each.
-    Inductor's on-disk cache serves the same graphs to the next process whatever the name."""
-    graphs = {}
-    for name, fn in (("pre", _pre), ("mid", _mid), ("last", _last)):
-        code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
-        fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        graphs[name] = torch.compile(fresh, dynamic=False, fullgraph=True)
-    return graphs
 
 
 def tolerance(dtype: torch.dtype) -> float:
