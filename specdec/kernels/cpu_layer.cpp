@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "cpu_attention.h"
@@ -43,19 +44,30 @@ void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, floa
   }
 }
 
-// y [n, N] = x [n, K] @ w [N, K]^T (+ bias), rounded to T
+// ys[i] [n, N_i] = x [n, K] @ ws[i] [N_i, K]^T (+ biases[i]), rounded to T: every weight in one parallel region
 template <typename T>
-void linear(const float* x, const at::Tensor& w, const std::optional<at::Tensor>& bias, float* y, int64_t n) {
-  const int64_t N = w.size(0), K = w.size(1);
-  std::vector<float> b;
-  if (bias.has_value()) {
-    b.resize(N);
-    const T* bp = bias->data_ptr<T>();
-    for (int64_t j = 0; j < N; j++) b[j] = specdec_cpu::widen(bp[j]);
+void linears(const float* x, std::initializer_list<const at::Tensor*> ws,
+             std::initializer_list<const std::optional<at::Tensor>*> biases, std::initializer_list<float*> ys,
+             int64_t n) {
+  std::vector<specdec_cpu::Segment<T, float>> segments;
+  std::vector<std::vector<float>> widened(ws.size());
+  auto bias = biases.begin();
+  auto y = ys.begin();
+  size_t i = 0;
+  for (const at::Tensor* w : ws) {
+    const std::optional<at::Tensor>* b = bias == biases.end() ? nullptr : *bias++;
+    if (b && b->has_value()) {
+      const T* bp = (*b)->data_ptr<T>();
+      widened[i].resize(w->size(0));
+      for (int64_t j = 0; j < w->size(0); j++) widened[i][j] = specdec_cpu::widen(bp[j]);
+    }
+    segments.push_back({w->data_ptr<T>(), widened[i].empty() ? nullptr : widened[i].data(), *y++, w->size(0)});
+    i++;
   }
-  specdec_cpu::product(x, w.data_ptr<T>(), bias.has_value() ? b.data() : nullptr, y, n, N, K);
+  specdec_cpu::product_segments(x, segments.data(), segments.size(), n, (*ws.begin())->size(1));
   if constexpr (!std::is_same_v<T, float>)
-    for (int64_t j = 0; j < n * N; j++) y[j] = rnd<T>(y[j]);
+    for (const auto& s : segments)
+      for (int64_t j = 0; j < n * s.N; j++) s.out[j] = rnd<T>(s.out[j]);
 }
 
 // x [n, heads, D] = x * cos + roll(x, D / 2) * signed_sin (hf/lean.py's rope; cos, sin [n, D]), rounded to T
@@ -95,9 +107,7 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   const int64_t H = w[1].size(1), I = w[6].size(0), row = Hkv * D;
   std::vector<float> h(n * H), q(n * Hq * D), k(n * row), v(n * row), att(n * Hq * D), g(n * I), u(n * I), o(n * H);
   rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps);
-  linear<T>(h.data(), w[1], bias[0], q.data(), n);
-  linear<T>(h.data(), w[2], bias[1], k.data(), n);
-  linear<T>(h.data(), w[3], bias[2], v.data(), n);
+  linears<T>(h.data(), {&w[1], &w[2], &w[3]}, {&bias[0], &bias[1], &bias[2]}, {q.data(), k.data(), v.data()}, n);
   rope(q.data(), cos, sin, n, Hq, D);
   rope(k.data(), cos, sin, n, Hkv, D);
   for (int64_t i = 0; i < n; i++)
@@ -108,13 +118,12 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   specdec_cpu::attend_all(q.data(), k_pages, v_pages, read, mask, scale, att.data(), n, Hq, Hkv, D, Tk);
   if constexpr (!std::is_same_v<T, float>)
     for (auto& a : att) a = rnd<T>(a);
-  linear<T>(att.data(), w[4], std::nullopt, o.data(), n);
+  linears<T>(att.data(), {&w[4]}, {}, {o.data()}, n);
   for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
   rms_norm(x, w[5].data_ptr<T>(), h.data(), n, H, eps);
-  linear<T>(h.data(), w[6], std::nullopt, g.data(), n);
-  linear<T>(h.data(), w[7], std::nullopt, u.data(), n);
+  linears<T>(h.data(), {&w[6], &w[7]}, {}, {g.data(), u.data()}, n);
   silu_times<T>(g.data(), u.data(), n * I);
-  linear<T>(g.data(), w[8], std::nullopt, o.data(), n);
+  linears<T>(g.data(), {&w[8]}, {}, {o.data()}, n);
   for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
 }
 

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "cpu_vec.h"
 
@@ -60,18 +61,43 @@ void rows_any(int64_t M, const float* x, const W* w, const float* bias, O* out, 
   }
 }
 
-// Split the weight's rows evenly between torch's intra-op threads (in multiples of 4); within a thread,
-// blocks of 64 weight rows meet x in chunks of 8 rows while the block is in cache.
+// One weight of a product_segments call: w [N, K], its bias [N] or null, its output out [M, N].
 template <typename W, typename O>
-void product(const float* x, const W* w, const float* bias, O* out, int64_t M, int64_t N, int64_t K) {
-  at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t q0, int64_t q1) {
-    const int64_t end = std::min(N, q1 * 4);
-    for (int64_t n0 = q0 * 4; n0 < end; n0 += 64) {
-      const int64_t n1 = std::min(end, n0 + 64);
-      for (int64_t m = 0; m < M; m += 8)
-        rows_any(std::min<int64_t>(8, M - m), x + m * K, w, bias, out + m * N, n0, n1, N, K);
+struct Segment {
+  const W* w;
+  const float* bias;
+  O* out;
+  int64_t N;
+};
+
+// x [M, K] times several weights of the same K (a layer's q, k and v; its gate and up) in one parallel
+// region: their rows, in quads, split evenly between torch's intra-op threads, so the threads meet once
+// for all of them; within a thread, blocks of 64 weight rows meet x in chunks of 8 rows while the block is
+// in cache.
+template <typename W, typename O>
+void product_segments(const float* x, const Segment<W, O>* segments, size_t count, int64_t M, int64_t K) {
+  std::vector<int64_t> first(count + 1, 0);  // each segment's first quad in the joint numbering
+  for (size_t i = 0; i < count; i++) first[i + 1] = first[i] + (segments[i].N + 3) / 4;
+  at::parallel_for(0, first[count], 4, [&](int64_t q0, int64_t q1) {
+    for (size_t i = 0; i < count; i++) {
+      const int64_t lo = std::max(q0, first[i]) - first[i], hi = std::min(q1, first[i + 1]) - first[i];
+      if (lo >= hi) continue;
+      const Segment<W, O>& s = segments[i];
+      const int64_t end = std::min(s.N, hi * 4);
+      for (int64_t n0 = lo * 4; n0 < end; n0 += 64) {
+        const int64_t n1 = std::min(end, n0 + 64);
+        for (int64_t m = 0; m < M; m += 8)
+          rows_any(std::min<int64_t>(8, M - m), x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
+      }
     }
   });
+}
+
+// y [M, N] = x [M, K] @ w [N, K]^T (+ bias): one segment
+template <typename W, typename O>
+void product(const float* x, const W* w, const float* bias, O* out, int64_t M, int64_t N, int64_t K) {
+  const Segment<W, O> one{w, bias, out, N};
+  product_segments(x, &one, 1, M, K);
 }
 
 }  // namespace specdec_cpu
