@@ -348,8 +348,12 @@ class CompiledRunner(LeanRunner):
         inputs; return the lean loop's logits (whose KV it wrote last). A failure marks the bucket failed."""
         if bucket in self.steps.failed:
             return super().run_meta(x, meta, need, logits_rows)
-        log.info("compiling the %s step for %d-token forwards (inductor, cached on disk) ...",
-                 type(self.model).__name__, bucket)
+        if self.layer_kernel and bucket <= cpu_layer.MAX_ROWS:  # nothing to compile: the check alone
+            log.info("checking the %s step's CPU layer kernel for %d-token forwards against the lean loop",
+                     type(self.model).__name__, bucket)
+        else:
+            log.info("compiling the %s step for %d-token forwards (inductor, cached on disk) ...",
+                     type(self.model).__name__, bucket)
         began = time.perf_counter()
         try:
             got = self._compiled(x, meta, need, logits_rows, bucket)
@@ -359,7 +363,8 @@ class CompiledRunner(LeanRunner):
         spent = time.perf_counter() - began
         self.compile_s += spent
         self.steps.compile_s += spent
-        log.info("compiled the %d-token step in %.1f s", bucket, spent)
+        if not (self.layer_kernel and bucket <= cpu_layer.MAX_ROWS):
+            log.info("compiled the %d-token step in %.1f s", bucket, spent)
         ref = super().run_meta(x, meta, need, logits_rows)
         why = agree(ref, got, x.dtype)
         if why is None:
