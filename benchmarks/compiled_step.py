@@ -24,7 +24,7 @@ from specdec.cache.pool import BlockTable, PagePool
 from specdec.cli.bench import memory_bandwidth, weight_bytes_per_step
 from specdec.files import write_text
 from specdec.hf import compiled, compiled_graphs
-from specdec.kernels import cpu_layer, cpu_rows
+from specdec.kernels import cpu_rows
 from specdec.hf.attention import specdec_attention
 from specdec.hf.compiled import CompiledRunner, bucket_for
 from specdec.hf.lean import LeanRunner
@@ -68,9 +68,8 @@ def measure(model, n: int, repeats: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (PREFIX,), generator=gen)
     step_tokens = torch.randint(0, vocab, (n,), generator=gen)
-    layer_kernel = compiled.layer_kernel_takes(compiled.product_form(model.lm_head.weight),
-                                               compiled.attention_kernel_takes(model.lm_head.weight, 64))
-    paths = ("lean", "compiled") + ((GRAPHS,) if layer_kernel and n <= cpu_layer.MAX_ROWS else ())
+    probe = CompiledRunner.for_model(model, PagePool(1, 16), None)  # the path the step takes for n tokens
+    paths = ("lean", "compiled") + ((GRAPHS,) if probe.layer_kernel_runs(n) else ())
     runners = {}
     for name in paths:
         pool = PagePool(32, 16)

@@ -262,10 +262,18 @@ class CompiledRunner(LeanRunner):
         self.attention_kernel = attention_kernel_takes(self.head_w, self.head_dim)
         # and whole layers through kernels/cpu_layer.py for forwards of up to cpu_layer.MAX_ROWS tokens
         self.layer_kernel = layer_kernel_takes(self.form, self.attention_kernel)
-        self.block_mask_batches = self.layer_kernel  # the layer kernel attends over one mask, not row by row
         self.layer_weights = [tuple(p[j] for j in (0, 1, 3, 5, 7, 8, 9, 10, 11)) for p in self.params]
         self.layer_biases = [(p[2], p[4], p[6]) for p in self.params]
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
+
+    @property
+    def block_mask_batches(self) -> bool:
+        """The layer kernel attends a packed batch over one block-diagonal mask, not row by row."""
+        return self.layer_kernel
+
+    def layer_kernel_runs(self, n: int) -> bool:
+        """Does a forward of n tokens go through kernels/cpu_layer.py (else the graphs)?"""
+        return self.layer_kernel and n <= cpu_layer.MAX_ROWS
 
     @classmethod
     def for_model(cls, model, pool: PagePool, table: BlockTable) -> "CompiledRunner | None":
@@ -348,7 +356,8 @@ class CompiledRunner(LeanRunner):
         inputs; return the lean loop's logits (whose KV it wrote last). A failure marks the bucket failed."""
         if bucket in self.steps.failed:
             return super().run_meta(x, meta, need, logits_rows)
-        if self.layer_kernel and bucket <= cpu_layer.MAX_ROWS:  # nothing to compile: the check alone
+        through_layers = self.layer_kernel_runs(bucket)
+        if through_layers:  # nothing to compile: the check alone
             log.info("checking the %s step's CPU layer kernel for %d-token forwards against the lean loop",
                      type(self.model).__name__, bucket)
         else:
@@ -363,7 +372,7 @@ class CompiledRunner(LeanRunner):
         spent = time.perf_counter() - began
         self.compile_s += spent
         self.steps.compile_s += spent
-        if not (self.layer_kernel and bucket <= cpu_layer.MAX_ROWS):
+        if not through_layers:
             log.info("compiled the %d-token step in %.1f s", bucket, spent)
         ref = super().run_meta(x, meta, need, logits_rows)
         why = agree(ref, got, x.dtype)
@@ -374,7 +383,7 @@ class CompiledRunner(LeanRunner):
         return ref
 
     def _compiled(self, x, meta, need, logits_rows, bucket: int) -> torch.Tensor:
-        if self.layer_kernel and x.shape[0] <= cpu_layer.MAX_ROWS:
+        if self.layer_kernel_runs(x.shape[0]):
             return self._layers(x, meta, need, logits_rows)
         n, graphs, g = x.shape[0], self.steps.graphs, self.form
         cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]

@@ -55,10 +55,8 @@ at::Tensor attend_pages(const at::Tensor& q, const at::Tensor& k_new, const at::
   if (n == 0) return out;
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    for (int64_t i = 0; i < n; i++) {
-      std::copy_n(kn.data_ptr<T>() + i * row, row, k_pages.data_ptr<T>() + w[i] * row);
-      std::copy_n(vn.data_ptr<T>() + i * row, row, v_pages.data_ptr<T>() + w[i] * row);
-    }
+    specdec_cpu::write_slots(k_pages.data_ptr<T>(), kn.data_ptr<T>(), w, n, row);
+    specdec_cpu::write_slots(v_pages.data_ptr<T>(), vn.data_ptr<T>(), w, n, row);
     attend_all(qc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(), r,
                mask.has_value() ? mc.data_ptr<bool>() : nullptr, float(scale), out.data_ptr<T>(), n, Hq, Hkv, D, Tk);
   };

@@ -168,6 +168,13 @@ void attend_all(const Q* q, const T* kc, const T* vc, const int64_t* read, const
   });
 }
 
+// pages [S, row] at slots [n] = rows [n, row] (converted to the pages' type): a step's new keys or values
+template <typename T, typename S>
+inline void write_slots(T* pages, const S* rows, const int64_t* slots, int64_t n, int64_t row) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < row; j++) pages[slots[i] * row + j] = T(rows[i * row + j]);
+}
+
 // The checks every op over the pages makes before it writes anything: k_pages, v_pages [S, Hkv, D] contiguous
 // of dtype dt, D a multiple of 8, write_slots [n] and read_slots [T] int64 inside the pages, mask [n, T] bool.
 inline void check_pages(const char* op, const at::Tensor& k_pages, const at::Tensor& v_pages,

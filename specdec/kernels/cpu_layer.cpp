@@ -110,11 +110,8 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   linears<T>(h.data(), {&w[1], &w[2], &w[3]}, {&bias[0], &bias[1], &bias[2]}, {q.data(), k.data(), v.data()}, n);
   rope(q.data(), cos, sin, n, Hq, D);
   rope(k.data(), cos, sin, n, Hkv, D);
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t j = 0; j < row; j++) {
-      k_pages[write[i] * row + j] = T(k[i * row + j]);
-      v_pages[write[i] * row + j] = T(v[i * row + j]);
-    }
+  specdec_cpu::write_slots(k_pages, k.data(), write, n, row);
+  specdec_cpu::write_slots(v_pages, v.data(), write, n, row);
   specdec_cpu::attend_all(q.data(), k_pages, v_pages, read, mask, scale, att.data(), n, Hq, Hkv, D, Tk);
   if constexpr (!std::is_same_v<T, float>)
     for (auto& a : att) a = rnd<T>(a);

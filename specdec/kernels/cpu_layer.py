@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import cpu_attention
+from . import cpu_attention, cpu_rows
 
-MAX_ROWS = 16  # the row kernel's reach (cpu_rows.MAX_ROWS): longer forwards take the graphs or the lean loop
+MAX_ROWS = cpu_rows.MAX_ROWS  # the row kernel's reach: longer forwards take the graphs or the lean loop
 
 
 def decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale: float,
