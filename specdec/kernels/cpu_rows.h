@@ -17,12 +17,25 @@ inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t 
   __m256 acc[R][M];
   for (int r = 0; r < R; r++)
     for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
+  // The next tile's rows are prefetched while this tile's are read. Rows of 2 KB or more (float32 576 wide and
+  // up, bfloat16 1024 wide and up): each next row at the same k into L1, one line per row per 64 bytes read.
+  // Shorter rows (bfloat16 SmolLM2, 1152 bytes): the next tile's bytes, a kilobyte further on, into L2 in
+  // address order. Measured on the AMD EPYC (bfloat16, one process, alternating): 576-wide rows read at 14 GB/s
+  // the short form against 11-12 the long one; 1536- and 8960-wide rows at 15-21 the long form, 0.75-0.9x that
+  // the short one; SmolLM2's bfloat16 compiled step 0.91x (one token) and 0.87x (4 tokens) the time.
+  constexpr int64_t per_line = 64 / sizeof(W);
+  const bool short_rows = K * int64_t(sizeof(W)) < 2048;
+  const char* ahead = reinterpret_cast<const char*>(w + (n + R) * K) + 1024;
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 wv[R];
     for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r) * K + k);
-    if ((k & 15) == 0)  // the next tile's rows, one cache line per row per 64 bytes of float32 read here
-      for (int r = 0; r < R; r++) _mm_prefetch(reinterpret_cast<const char*>(w + (n + R + r) * K + k), _MM_HINT_T0);
+    if (k % per_line == 0) {
+      if (short_rows)
+        for (int r = 0; r < R; r++, ahead += 64) _mm_prefetch(ahead, _MM_HINT_T1);
+      else
+        for (int r = 0; r < R; r++) _mm_prefetch(reinterpret_cast<const char*>(w + (n + R + r) * K + k), _MM_HINT_T0);
+    }
     for (int m = 0; m < M; m++) {
       __m256 xv = load8(x + m * K + k);
       for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
