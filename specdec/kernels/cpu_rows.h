@@ -11,31 +11,18 @@
 
 namespace specdec_cpu {
 
-// R weight rows [n, n + R) against M rows of x (float32, [M, K], row stride K): out[m, n + r].
+// R weight rows n, n + stride, ..., n + (R - 1) * stride against M rows of x (float32, [M, K], row stride K):
+// out[m, n + r * stride].
 template <int M, int R, typename W, typename O>
-inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t n, int64_t N, int64_t K) {
+inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t n, int64_t stride, int64_t N,
+                 int64_t K) {
   __m256 acc[R][M];
   for (int r = 0; r < R; r++)
     for (int m = 0; m < M; m++) acc[r][m] = _mm256_setzero_ps();
-  // The next tile's rows are prefetched while this tile's are read. Rows of 2 KB or more (float32 576 wide and
-  // up, bfloat16 1024 wide and up): each next row at the same k into L1, one line per row per 64 bytes read.
-  // Shorter rows (bfloat16 SmolLM2, 1152 bytes): the next tile's bytes, a kilobyte further on, into L2 in
-  // address order. Measured on the AMD EPYC (bfloat16, one process, alternating): 576-wide rows read at 14 GB/s
-  // the short form against 11-12 the long one; 1536- and 8960-wide rows at 15-21 the long form, 0.75-0.9x that
-  // the short one; SmolLM2's bfloat16 compiled step 0.91x (one token) and 0.87x (4 tokens) the time.
-  constexpr int64_t per_line = 64 / sizeof(W);
-  const bool short_rows = K * int64_t(sizeof(W)) < 2048;
-  const char* ahead = reinterpret_cast<const char*>(w + (n + R) * K) + 1024;
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 wv[R];
-    for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r) * K + k);
-    if (k % per_line == 0) {
-      if (short_rows)
-        for (int r = 0; r < R; r++, ahead += 64) _mm_prefetch(ahead, _MM_HINT_T1);
-      else
-        for (int r = 0; r < R; r++) _mm_prefetch(reinterpret_cast<const char*>(w + (n + R + r) * K + k), _MM_HINT_T0);
-    }
+    for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r * stride) * K + k);
     for (int m = 0; m < M; m++) {
       __m256 xv = load8(x + m * K + k);
       for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]);
@@ -43,20 +30,26 @@ inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t 
   }
   for (int r = 0; r < R; r++)
     for (int m = 0; m < M; m++) {
+      const int64_t row = n + r * stride;
       float s = hsum(acc[r][m]);
-      for (int64_t j = k; j < K; j++) s += widen(w[(n + r) * K + j]) * x[m * K + j];
-      if (bias) s += bias[n + r];
-      out[m * N + n + r] = O(s);
+      for (int64_t j = k; j < K; j++) s += widen(w[row * K + j]) * x[m * K + j];
+      if (bias) s += bias[row];
+      out[m * N + row] = O(s);
     }
 }
 
-// Weight rows [n0, n1) against M <= 8 rows of x: R at a time, then one at a time.
+// Weight rows [n0, n1) against M <= 8 rows of x, as R streams: the range in R equal parts read side by side,
+// one row of each part a tile (then the remainder one row at a time). Several streams far apart read memory
+// faster than one: the hardware prefetchers run ahead on each (AMD EPYC, both threads, SmolLM2's weights: one
+// token 38 GB/s float32, 36 bfloat16, against 25-26 reading the R rows of a tile next to each other with
+// software prefetch; Qwen2.5-Coder-1.5B's bfloat16 weights 1.15-1.2x. Software prefetch on top measured
+// slower.)
 template <int M, typename W, typename O>
 void rows(const float* x, const W* w, const float* bias, O* out, int64_t n0, int64_t n1, int64_t N, int64_t K) {
   constexpr int R = M <= 2 ? 4 : M <= 3 ? 3 : M <= 6 ? 2 : 1;  // R * M accumulators + R weights + 1 x <= 16 registers
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) tile<M, R>(x, w, bias, out, n, N, K);
-  for (; n < n1; n++) tile<M, 1>(x, w, bias, out, n, N, K);
+  const int64_t part = (n1 - n0) / R;
+  for (int64_t i = 0; i < part; i++) tile<M, R>(x, w, bias, out, n0 + i, part, N, K);
+  for (int64_t n = n0 + part * R; n < n1; n++) tile<M, 1>(x, w, bias, out, n, 1, N, K);
 }
 
 template <typename W, typename O>
@@ -85,8 +78,8 @@ struct Segment {
 
 // x [M, K] times several weights of the same K (a layer's q, k and v; its gate and up) in one parallel
 // region: their rows, in quads, split evenly between torch's intra-op threads, so the threads meet once
-// for all of them; within a thread, blocks of 64 weight rows meet x in chunks of 8 rows while the block is
-// in cache.
+// for all of them. Up to 8 rows of x, a thread's rows of a weight are one block (its streams as long as they
+// can be); more, blocks of 64 weight rows meet x in chunks of 8 rows while the block is in cache.
 template <typename W, typename O>
 void product_segments(const float* x, const Segment<W, O>* segments, size_t count, int64_t M, int64_t K) {
   std::vector<int64_t> first(count + 1, 0);  // each segment's first quad in the joint numbering
@@ -96,9 +89,9 @@ void product_segments(const float* x, const Segment<W, O>* segments, size_t coun
       const int64_t lo = std::max(q0, first[i]) - first[i], hi = std::min(q1, first[i + 1]) - first[i];
       if (lo >= hi) continue;
       const Segment<W, O>& s = segments[i];
-      const int64_t end = std::min(s.N, hi * 4);
-      for (int64_t n0 = lo * 4; n0 < end; n0 += 64) {
-        const int64_t n1 = std::min(end, n0 + 64);
+      const int64_t end = std::min(s.N, hi * 4), block = M <= 8 ? end : 64;
+      for (int64_t n0 = lo * 4; n0 < end; n0 += block) {
+        const int64_t n1 = std::min(end, n0 + block);
         for (int64_t m = 0; m < M; m += 8)
           rows_any(std::min<int64_t>(8, M - m), x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
       }
