@@ -75,6 +75,38 @@ def test_a_masked_key_weighs_nothing_and_threads_change_nothing():
         assert torch.equal(out, outs[0])
 
 
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_context_split_into_parts_is_sdpa_to_rounding_on_any_thread_count(masked, dtype):
+    """One query row over 700 keys: its keys are attended in parts of 256 on the threads and merged (the
+    last part short); with a mask hiding every key of the middle part and a few more, that part weighs
+    nothing; 1, 2 and 3 threads give the same numbers (the parts depend on the shapes, not the threads)."""
+    n, Hq, Hkv, D, prefix = 1, 9, 3, 64, 700
+    q, k, v, (kp, vp), write, read = _case(n, Hq, Hkv, D, prefix, dtype, seed=7, slots=1024)
+    mask = None
+    if masked:
+        mask = torch.ones(n, prefix + n, dtype=torch.bool)
+        mask[:, 256:512] = False
+        mask[:, 3:700:50] = False
+        kp[read[300]], vp[read[300]] = (q[0, :Hkv] * 1e3).to(dtype), 1e6  # a hidden key that would dominate
+    ref = cpu_attention.attend_pages_ref(q, k, v, kp.clone(), vp.clone(), write, read, mask, D ** -0.5)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(cpu_attention.attend_pages(q, k, v, kp, vp, write, read, mask, D ** -0.5))
+    finally:
+        torch.set_num_threads(before)
+    for out in outs:
+        assert torch.equal(out, outs[0])
+    got, ref = outs[0].float(), ref.float()
+    if dtype == torch.float32:
+        assert torch.allclose(got, ref, atol=2e-6, rtol=1e-5)
+    else:
+        assert ((got - ref).abs() <= ref.abs() * 2 ** -7 + 1e-3).all()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: a.update({name: a[name][..., :60].contiguous() for name in ("q", "k_new", "v_new", "k_pages", "v_pages")}),
      "a head dimension that is a multiple of 8"),

@@ -101,7 +101,8 @@ void add_weighted(const float* p, const T* const* v, float* out, int64_t Tk, int
 }
 
 // sc[t] = e^(sc[t] - max) over the keys row i may see (m[t]; m null: all), 0 for the others; returns the sum
-inline float softmax_numerators(float* sc, const bool* m, int64_t Tk) {
+// and sets *max (-inf, every sc[t] 0 and the sum 0, where the row may see none of these keys)
+inline float softmax_numerators(float* sc, const bool* m, int64_t Tk, float* max) {
   const float lowest = -std::numeric_limits<float>::infinity();
   if (m)
     for (int64_t t = 0; t < Tk; t++)
@@ -114,6 +115,11 @@ inline float softmax_numerators(float* sc, const bool* m, int64_t Tk) {
   float top = lanes[0];
   for (int j = 1; j < 8; j++) top = std::max(top, lanes[j]);
   for (; t < Tk; t++) top = std::max(top, sc[t]);
+  *max = top;
+  if (top == lowest) {
+    std::fill(sc, sc + Tk, 0.f);
+    return 0.f;
+  }
   __m256 sum8 = _mm256_setzero_ps();
   for (t = 0; t + 8 <= Tk; t += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t), _mm256_set1_ps(top)));
@@ -130,42 +136,79 @@ inline float softmax_numerators(float* sc, const bool* m, int64_t Tk) {
 }
 
 constexpr int64_t KEY_BLOCK = 32;  // keys read from the pages once per block, then from L1 by every head of the group
+constexpr int64_t PART_KEYS = 256;  // keys a part where a pair's keys are split between threads
 
 // Every (query row i, KV group g) pair: the group's Hq / Hkv heads attend together, so each key and value
-// row comes from memory once for all of them.
+// row comes from memory once for all of them. Where few pairs read many keys (a decode step: one row, Hkv
+// pairs, a long context), each pair's keys are split into parts attended in parallel, each part with its own
+// max, sum and weighted values, merged after (flash-decoding): SmolLM2 one token over 800 keys ran on one
+// thread for 3 pairs.
 template <typename T, typename Q, typename O>
 void attend_all(const Q* q, const T* kc, const T* vc, const int64_t* read, const bool* mask, float scale, O* out,
                 int64_t n, int64_t Hq, int64_t Hkv, int64_t D, int64_t Tk) {
-  const int64_t group = Hq / Hkv, row = Hkv * D;  // a slot's stride in the pages
-  // one thread unless there is work for more: about 2^18 multiply-adds a chunk of (row, group) pairs
-  const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(Tk * D * 2 * group, 1));
-  at::parallel_for(0, n * Hkv, grain, [&](int64_t a0, int64_t a1) {
-    std::vector<float> scores(group * Tk), qf(group * D), acc(group * D);
-    std::vector<const T*> keys(Tk), vals(Tk);
+  const int64_t group = Hq / Hkv, row = Hkv * D, pairs = n * Hkv;  // row: a slot's stride in the pages
+  const int64_t pair_work = std::max<int64_t>(Tk * D * 2 * group, 1);
+  // keys a part: PART_KEYS where few pairs read many keys, else all (a split set by the shapes alone, so the
+  // numbers do not change with the thread count)
+  const int64_t span = pairs < 8 && Tk >= 2 * PART_KEYS ? PART_KEYS : std::max<int64_t>(Tk, 1);
+  const int64_t parts = std::max<int64_t>(1, (Tk + span - 1) / span);
+  // a part's max, sum and weighted values per head, kept for the merge where there are several
+  std::vector<float> part_max(parts > 1 ? pairs * parts * group : 0), part_sum(part_max.size()),
+      part_acc(part_max.size() * D);
+  // one thread unless there is work for more: chunks of (pair, part) items of at least 2^16 multiply-adds
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(pair_work / parts, 1));
+  at::parallel_for(0, pairs * parts, grain, [&](int64_t a0, int64_t a1) {
+    std::vector<float> scores(group * span), qf(group * D), acc(group * D), top(group), sum(group);
+    std::vector<const T*> keys(span), vals(span);
     for (int64_t a = a0; a < a1; a++) {
-      const int64_t i = a / Hkv, g = a % Hkv;
-      const bool* m = mask ? mask + i * Tk : nullptr;
-      for (int64_t t = 0; t < Tk; t++) {
-        keys[t] = kc + read[t] * row + g * D;
-        vals[t] = vc + read[t] * row + g * D;
+      const int64_t pair = a / parts, part = a % parts, i = pair / Hkv, g = pair % Hkv;
+      const int64_t t_begin = part * span, len = std::min(Tk, t_begin + span) - t_begin;
+      const bool* m = mask ? mask + i * Tk + t_begin : nullptr;
+      for (int64_t t = 0; t < len; t++) {
+        keys[t] = kc + read[t_begin + t] * row + g * D;
+        vals[t] = vc + read[t_begin + t] * row + g * D;
       }
       for (int64_t j = 0; j < group; j++)
         for (int64_t d = 0; d < D; d++) qf[j * D + d] = widen(q[(i * Hq + g * group + j) * D + d]) * scale;
-      for (int64_t t0 = 0; t0 < Tk; t0 += KEY_BLOCK)
+      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK)
         for (int64_t j = 0; j < group; j++)
-          dots(qf.data() + j * D, keys.data() + t0, scores.data() + j * Tk + t0, std::min(KEY_BLOCK, Tk - t0), D);
-      std::vector<float> inv(group);
-      for (int64_t j = 0; j < group; j++) inv[j] = 1.f / softmax_numerators(scores.data() + j * Tk, m, Tk);
+          dots(qf.data() + j * D, keys.data() + t0, scores.data() + j * span + t0, std::min(KEY_BLOCK, len - t0), D);
+      for (int64_t j = 0; j < group; j++) sum[j] = softmax_numerators(scores.data() + j * span, m, len, &top[j]);
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < Tk; t0 += KEY_BLOCK)
+      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK)
         for (int64_t j = 0; j < group; j++)
-          add_weighted(scores.data() + j * Tk + t0, vals.data() + t0, acc.data() + j * D, std::min(KEY_BLOCK, Tk - t0), D);
-      for (int64_t j = 0; j < group; j++) {
-        O* o = out + (i * Hq + g * group + j) * D;
-        for (int64_t d = 0; d < D; d++) o[d] = O(acc[j * D + d] * inv[j]);
+          add_weighted(scores.data() + j * span + t0, vals.data() + t0, acc.data() + j * D, std::min(KEY_BLOCK, len - t0), D);
+      if (parts == 1) {
+        for (int64_t j = 0; j < group; j++) {
+          O* o = out + (i * Hq + g * group + j) * D;
+          const float inv = 1.f / sum[j];
+          for (int64_t d = 0; d < D; d++) o[d] = O(acc[j * D + d] * inv);
+        }
+        continue;
       }
+      std::copy(top.begin(), top.end(), part_max.begin() + a * group);
+      std::copy(sum.begin(), sum.end(), part_sum.begin() + a * group);
+      std::copy(acc.begin(), acc.end(), part_acc.begin() + a * group * D);
     }
   });
+  if (parts == 1) return;
+  std::vector<float> merged(D);
+  for (int64_t pair = 0; pair < pairs; pair++)
+    for (int64_t j = 0; j < group; j++) {
+      float top = -std::numeric_limits<float>::infinity(), total = 0.f;
+      for (int64_t p = 0; p < parts; p++) top = std::max(top, part_max[(pair * parts + p) * group + j]);
+      std::fill(merged.begin(), merged.end(), 0.f);
+      for (int64_t p = 0; p < parts; p++) {
+        const int64_t at = (pair * parts + p) * group + j;
+        if (part_sum[at] == 0.f) continue;  // a part the row sees none of
+        const float w = std::exp(part_max[at] - top);
+        total += w * part_sum[at];
+        for (int64_t d = 0; d < D; d++) merged[d] += w * part_acc[at * D + d];
+      }
+      const int64_t i = pair / Hkv, g = pair % Hkv;
+      O* o = out + (i * Hq + g * group + j) * D;
+      for (int64_t d = 0; d < D; d++) o[d] = O(merged[d] / total);
+    }
 }
 
 // pages [S, row] at slots [n] = rows [n, row] (converted to the pages' type): a step's new keys or values
