@@ -32,6 +32,25 @@ inline float rnd(float v) {  // v rounded to T (identity for float)
   return static_cast<float>(T(v));
 }
 
+// p [count] rounded to T in place (nothing for float), 8 lanes at a time
+template <typename T>
+void round_all(float* p, int64_t count) {
+  if constexpr (!std::is_same_v<T, float>) {
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8) _mm256_storeu_ps(p + j, specdec_cpu::round8<T>(_mm256_loadu_ps(p + j)));
+    for (; j < count; j++) p[j] = rnd<T>(p[j]);
+  }
+}
+
+// x [count] = x + y, rounded to T (a residual sum)
+template <typename T>
+void add_rounded(float* x, const float* y, int64_t count) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8)
+    _mm256_storeu_ps(x + j, specdec_cpu::round8<T>(_mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j))));
+  for (; j < count; j++) x[j] = rnd<T>(x[j] + y[j]);
+}
+
 // out [n, H] = w * (x / rms(x)) row by row, HF's RMSNorm: the normalised row rounded to T, then times w
 template <typename T>
 void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, float eps) {
@@ -40,7 +59,13 @@ void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, floa
     float ss = 0.f;
     for (int64_t j = 0; j < H; j++) ss += xi[j] * xi[j];
     const float r = 1.f / std::sqrt(ss / H + eps);
-    for (int64_t j = 0; j < H; j++) out[i * H + j] = rnd<T>(specdec_cpu::widen(w[j]) * rnd<T>(xi[j] * r));
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t j = 0;
+    for (; j + 8 <= H; j += 8) {
+      const __m256 normed = specdec_cpu::round8<T>(_mm256_mul_ps(_mm256_loadu_ps(xi + j), rv));
+      _mm256_storeu_ps(out + i * H + j, specdec_cpu::round8<T>(_mm256_mul_ps(specdec_cpu::load8(w + j), normed)));
+    }
+    for (; j < H; j++) out[i * H + j] = rnd<T>(specdec_cpu::widen(w[j]) * rnd<T>(xi[j] * r));
   }
 }
 
@@ -65,21 +90,29 @@ void linears(const float* x, std::initializer_list<const at::Tensor*> ws,
     i++;
   }
   specdec_cpu::product_segments(x, segments.data(), segments.size(), n, (*ws.begin())->size(1));
-  if constexpr (!std::is_same_v<T, float>)
-    for (const auto& s : segments)
-      for (int64_t j = 0; j < n * s.N; j++) s.out[j] = rnd<T>(s.out[j]);
+  for (const auto& s : segments) round_all<T>(s.out, n * s.N);
 }
 
-// x [n, heads, D] = x * cos + roll(x, D / 2) * signed_sin (hf/lean.py's rope; cos, sin [n, D]), rounded to T
+// x [n, heads, D] = x * cos + roll(x, D / 2) * signed_sin (hf/lean.py's rope; cos, sin [n, D]), rounded to T;
+// 8 lanes at a time where D / 2 is a multiple of 8 (the rolled lanes then never wrap inside a vector)
 template <typename T>
 void rope(float* x, const T* cos, const T* sin, int64_t n, int64_t heads, int64_t D) {
+  using specdec_cpu::load8;
+  using specdec_cpu::round8;
   std::vector<float> row(D);
   const int64_t half = D / 2;
   for (int64_t i = 0; i < n; i++)
     for (int64_t h = 0; h < heads; h++) {
       float* xr = x + (i * heads + h) * D;
       std::copy_n(xr, D, row.data());
-      for (int64_t d = 0; d < D; d++) {
+      int64_t d = 0;
+      if (half % 8 == 0)
+        for (; d < D; d += 8) {
+          const __m256 a = round8<T>(_mm256_mul_ps(_mm256_loadu_ps(row.data() + d), load8(cos + i * D + d)));
+          const __m256 b = round8<T>(_mm256_mul_ps(_mm256_loadu_ps(row.data() + (d + half) % D), load8(sin + i * D + d)));
+          _mm256_storeu_ps(xr + d, round8<T>(_mm256_add_ps(a, b)));
+        }
+      for (; d < D; d++) {
         const float rolled = row[(d + half) % D];
         xr[d] = rnd<T>(rnd<T>(row[d] * specdec_cpu::widen(cos[i * D + d])) +
                        rnd<T>(rolled * specdec_cpu::widen(sin[i * D + d])));
@@ -90,14 +123,15 @@ void rope(float* x, const T* cos, const T* sin, int64_t n, int64_t heads, int64_
 // g [m] = silu(g) * u, each rounded to T (HF: act(gate) * up)
 template <typename T>
 void silu_times(float* g, const float* u, int64_t m) {
+  using specdec_cpu::round8;
   int64_t j = 0;
   for (; j + 8 <= m; j += 8) {
     const __m256 gv = _mm256_loadu_ps(g + j);
     const __m256 e = specdec_cpu::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-    _mm256_storeu_ps(g + j, _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e)));
+    const __m256 act = round8<T>(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e)));
+    _mm256_storeu_ps(g + j, round8<T>(_mm256_mul_ps(act, _mm256_loadu_ps(u + j))));
   }
-  for (; j < m; j++) g[j] = g[j] / (1.f + std::exp(-g[j]));
-  for (j = 0; j < m; j++) g[j] = rnd<T>(rnd<T>(g[j]) * u[j]);
+  for (; j < m; j++) g[j] = rnd<T>(rnd<T>(g[j] / (1.f + std::exp(-g[j]))) * u[j]);
 }
 
 template <typename T>
@@ -113,15 +147,14 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   specdec_cpu::write_slots(k_pages, k.data(), write, n, row);
   specdec_cpu::write_slots(v_pages, v.data(), write, n, row);
   specdec_cpu::attend_all(q.data(), k_pages, v_pages, read, mask, scale, att.data(), n, Hq, Hkv, D, Tk);
-  if constexpr (!std::is_same_v<T, float>)
-    for (auto& a : att) a = rnd<T>(a);
+  round_all<T>(att.data(), n * Hq * D);
   linears<T>(att.data(), {&w[4]}, {}, {o.data()}, n);
-  for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
+  add_rounded<T>(x, o.data(), n * H);
   rms_norm(x, w[5].data_ptr<T>(), h.data(), n, H, eps);
   linears<T>(h.data(), {&w[6], &w[7]}, {}, {g.data(), u.data()}, n);
   silu_times<T>(g.data(), u.data(), n * I);
   linears<T>(g.data(), {&w[8]}, {}, {o.data()}, n);
-  for (int64_t j = 0; j < n * H; j++) x[j] = rnd<T>(x[j] + o[j]);
+  add_rounded<T>(x, o.data(), n * H);
 }
 
 // x [n, H] -> the layer's output [n, H] (x's dtype); weights: input norm [H], q [Hq*D, H], k, v [Hkv*D, H],

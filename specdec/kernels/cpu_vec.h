@@ -1,10 +1,12 @@
-// The AVX2 helpers specdec's CPU kernels share (cpu_rows.cpp, cpu_attention.cpp): eight float32 lanes loaded
-// from float32 or bfloat16 (bfloat16 is float32's top half: widened by a shift), a register's lane sum, and
-// an op's body run for its dtype.
+// The AVX2 helpers specdec's CPU kernels share (cpu_rows.cpp, cpu_attention.cpp, cpu_layer.cpp): eight float32
+// lanes loaded from float32 or bfloat16 (bfloat16 is float32's top half: widened by a shift) or rounded to
+// bfloat16's precision, a register's lane sum, and an op's body run for its dtype.
 #pragma once
 #include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
+
+#include <type_traits>
 
 namespace specdec_cpu {
 
@@ -12,6 +14,23 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) {  // 8 bfloat16 -> 8 float32
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// 8 float32 lanes rounded to bfloat16 and back: c10::BFloat16's round to nearest even (NaN to its quiet NaN)
+inline __m256 round_bf16(__m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))),
+                                     _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                          _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+// v rounded to T's precision, kept in float32 (identity for float)
+template <typename T>
+inline __m256 round8(__m256 v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return round_bf16(v);
 }
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
