@@ -58,6 +58,19 @@ def test_the_layer_is_its_reference_to_rounding(n, dtype, biases):
         assert (got == ref).float().mean() > 0.95
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_widths_off_the_vector_lanes_take_the_scalar_tails(dtype):
+    """A head dimension whose half is not a multiple of 8 (RoPE one lane at a time), hidden and MLP widths
+    that are not multiples of 8 (norm, residual, SiLU x up and rounding tails): still the reference."""
+    args = _layer(3, dtype, H=100, D=24, I=203, seed=5)
+    ref = cpu_layer.decoder_layer_ref(**dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone()))
+    got = cpu_layer.decoder_layer(**args)
+    if dtype == torch.float32:
+        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+    else:
+        assert torch.allclose(got.float(), ref.float(), atol=0.05, rtol=0.02) and (got == ref).float().mean() > 0.95
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: a["weights"].__setitem__(6, a["weights"][6][:, :10]), "the gate weight should be \\[200, 96\\]"),
     (lambda a: a["weights"].pop(), "9 weights and 3 q/k/v biases"),
