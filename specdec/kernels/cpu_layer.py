@@ -6,10 +6,11 @@ Why: with the step's products at the memory's pace (cpu_rows.py) and its attenti
 (cpu_attention.py), the compiled step (hf/compiled.py) still paid per layer for the machinery around them:
 an inductor graph's guards, its wrapper and the Python calls of the ops inside it. The kernel runs the layer
 from one call, the products through the row kernel's code, the attention through the attention kernel's,
-the small ops in between as plain loops. Values are rounded to the model's dtype where the graphs and HF's
+the small ops in between as 8-lane loops. Values are rounded to the model's dtype where the graphs and HF's
 modules store them (decoder_layer_ref is the same layer in torch). On an AMD EPYC (2 threads,
-benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token took 23.4 ms against 28.2 through the
-graphs (its weights alone: 21.3), a bfloat16 one 19.0 against 29.1.
+benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token took 19.6 ms against 29.8 through the
+graphs (its weights alone: 17.4), a bfloat16 one 14.1 against 21.1 (23.4 / 28.2 and 19.0 / 29.1 when it
+landed, before the row kernel read its weights as streams).
 
 Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
 `torch.ops.specdec_cpu.decoder_layer`; it mutates the page tensors it is given (declared in its schema).
