@@ -52,6 +52,7 @@ void rows(const float* x, const W* w, const float* bias, O* out, int64_t n0, int
   for (int64_t n = n0 + part * R; n < n1; n++) tile<M, 1>(x, w, bias, out, n, 1, N, K);
 }
 
+// rows<M> for a run-time M of 1 to 6
 template <typename W, typename O>
 void rows_any(int64_t M, const float* x, const W* w, const float* bias, O* out, int64_t n0, int64_t n1, int64_t N,
               int64_t K) {
@@ -61,7 +62,8 @@ void rows_any(int64_t M, const float* x, const W* w, const float* bias, O* out, 
     case 3: return rows<3>(x, w, bias, out, n0, n1, N, K);
     case 4: return rows<4>(x, w, bias, out, n0, n1, N, K);
     case 5: return rows<5>(x, w, bias, out, n0, n1, N, K);
-    default: return rows<6>(x, w, bias, out, n0, n1, N, K);
+    case 6: return rows<6>(x, w, bias, out, n0, n1, N, K);
+    default: TORCH_CHECK(false, "rows_any: 1 to 6 rows of x a call (product_segments chunks more), got ", M);
   }
 }
 
