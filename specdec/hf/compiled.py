@@ -15,9 +15,9 @@ The layer kernel: where the row kernel multiplies every bucket up to 16 rows and
 load (`layer_kernel_takes`), forwards of up to 16 tokens skip the graphs: each layer is one call of
 kernels/cpu_layer.py (the same arithmetic, rounded where the graphs round, attention included), so a
 layer costs one op call instead of a graph call's guards and wrapper and its ops' Python calls. On an AMD
-EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 23.4 ms
-against 28.2 through the graphs and 34.2 in the lean loop (the weights alone 21.3; the bandwidth line
-19.8), a bfloat16 one 19.0 against 29.1 and 45.6.
+EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 19.6 ms
+against 29.8 through the graphs and 39.0 in the lean loop (the weights alone 17.4; the bandwidth line
+21.7 in that run), a bfloat16 one 14.1 against 21.1 and 39.3.
 
 What is compiled (hf/compiled_graphs.py; for the 32-token bucket, and every bucket where the layer kernel
 does not run): per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,

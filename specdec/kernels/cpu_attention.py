@@ -6,7 +6,8 @@ Why: between two of the compiled step's graphs (hf/compiled.py) a layer's attent
 ops (the page write, views, transposes, the mask, SDPA, reshapes): on an AMD EPYC about 100-150 us a layer
 for a few microseconds of arithmetic, 3-4 ms of a 32 ms SmolLM2 step. The kernel does it in one call,
 the Hq / Hkv heads of a KV group reading each key and value row once together, in float32 (bfloat16
-widened in registers), one thread unless there is enough work for more. Measured there (the compiled step
+widened in registers), one thread unless there is enough work for more (a decode step over 512 keys or more
+splits each KV group's keys into parts attended on the threads and merged). Measured there (the compiled step
 through its graphs, with and without it; commit c608de1's compiled_step_amd_epyc.md): a bfloat16 one-token
 step 29.4 ms against 39.0 (SDPA on one bfloat16 query costs about 190 us), a float32 8-token one 42.7
 against 51.0. kernels/cpu_layer.py's layer kernel runs the same attention inside its layer. Its result differs from SDPA's in

@@ -9,8 +9,7 @@ from one call, the products through the row kernel's code, the attention through
 the small ops in between as 8-lane loops. Values are rounded to the model's dtype where the graphs and HF's
 modules store them (decoder_layer_ref is the same layer in torch). On an AMD EPYC (2 threads,
 benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token took 19.6 ms against 29.8 through the
-graphs (its weights alone: 17.4), a bfloat16 one 14.1 against 21.1 (23.4 / 28.2 and 19.0 / 29.1 when it
-landed, before the row kernel read its weights as streams).
+graphs (its weights alone: 17.4), a bfloat16 one 14.1 against 21.1.
 
 Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
 `torch.ops.specdec_cpu.decoder_layer`; it mutates the page tensors it is given (declared in its schema).
