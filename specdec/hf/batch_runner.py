@@ -129,7 +129,7 @@ class BatchRunner:
         else:
             # from PADDED_FROM rows attention runs row by row in one call (B x less work than the block
             # mask, which is then never built); otherwise every row's block goes on one mask's diagonal
-            padded = len(rows) >= PADDED_FROM and not (self.lean is not None and self.lean.block_mask_batches)
+            padded = len(rows) >= PADDED_FROM and not (self.lean is not None and self.lean.block_mask_batch(offset))
             meta = StepMeta(prefix_len=0, write_slots=torch.cat(writes), read_slots=torch.cat(reads),
                             tree_mask=torch.zeros(offset, 0, dtype=torch.bool, device=dev), q_pos=positions,
                             full_mask=None if padded else torch.block_diag(*blocks), read_pos=torch.cat(k_pos),

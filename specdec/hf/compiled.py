@@ -266,10 +266,10 @@ class CompiledRunner(LeanRunner):
         self.layer_biases = [(p[2], p[4], p[6]) for p in self.params]
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
-    @property
-    def block_mask_batches(self) -> bool:
-        """The layer kernel attends a packed batch over one block-diagonal mask, not row by row."""
-        return self.layer_kernel
+    def block_mask_batch(self, n: int) -> bool:
+        """Must a packed batch of n tokens in all come as one block-diagonal mask? Where the layer kernel runs
+        it (it takes no padded layout); larger batches run the graphs or the lean loop, row by row."""
+        return self.layer_kernel_runs(n)
 
     def layer_kernel_runs(self, n: int) -> bool:
         """Does a forward of n tokens go through kernels/cpu_layer.py (else the graphs)?"""

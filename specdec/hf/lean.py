@@ -157,8 +157,6 @@ class LeanRunner(ModelRunner):
     docstring)."""
 
     step_name = "lean"
-    # a packed batch (hf/batch_runner.py) always given as one block-diagonal mask, never laid out padded
-    block_mask_batches = False
 
     def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False,
                  short_blocks: bool | None = None, packed: bool | None = None, fused: bool = False):
@@ -236,6 +234,11 @@ class LeanRunner(ModelRunner):
         x = self.embed(tokens) if hidden is None else hidden  # [n, H]
         # a node's position is start + its depth (< b): end + 1 bounds every position
         return self.run_meta(x, meta, end + 1, logits_rows, start_layer if hidden is not None else 0)
+
+    def block_mask_batch(self, n: int) -> bool:
+        """Must a packed batch (hf/batch_runner.py) of n tokens in all come as one block-diagonal mask? Never
+        here: this loop attends a padded layout row by row too."""
+        return False
 
     def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
         """The layer loop from layer `first` over hidden states x [n, H] addressed by `meta` (its write and
