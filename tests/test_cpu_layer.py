@@ -71,6 +71,27 @@ def test_widths_off_the_vector_lanes_take_the_scalar_tails(dtype):
         assert torch.allclose(got.float(), ref.float(), atol=0.05, rtol=0.02) and (got == ref).float().mean() > 0.95
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_given_qkv_input_replaces_the_input_norm(dtype):
+    """EAGLE-3's midlayer: q, k, v multiply a caller's [n, 2H] input (its embedding and hidden normalised side by
+    side), the residual is x: the reference's layer with that input, and not the layer over x's own norm."""
+    H = 96
+    args = _layer(4, dtype, seed=9)
+    g = torch.Generator().manual_seed(3)
+    for j in (1, 2, 3):  # q, k, v over 2H
+        args["weights"][j] = (torch.randn(args["weights"][j].shape[0], 2 * H, generator=g) / 10).to(dtype)
+    args["qkv_input"] = torch.randn(4, 2 * H, generator=g).to(dtype)
+    ref = cpu_layer.decoder_layer_ref(**dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone()))
+    got = cpu_layer.decoder_layer(**args)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    assert torch.allclose(got.float(), ref.float(), **tol)
+    halved = dict(args, qkv_input=args["qkv_input"][:, :H].contiguous(),
+                  weights=[w[:, :H].contiguous() if j in (1, 2, 3) else w for j, w in enumerate(args["weights"])])
+    assert not torch.allclose(cpu_layer.decoder_layer(**halved).float(), ref.float(), **tol)
+    with pytest.raises(RuntimeError, match="the q weight should be \\[96, 96\\]"):
+        cpu_layer.decoder_layer(**dict(args, qkv_input=None))
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda a: a["weights"].__setitem__(6, a["weights"][6][:, :10]), "the gate weight should be \\[200, 96\\]"),
     (lambda a: a["weights"].pop(), "9 weights and 3 q/k/v biases"),

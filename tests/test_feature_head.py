@@ -78,10 +78,22 @@ def test_engine_hands_the_head_the_targets_own_features(lean, kind):
         torch.testing.assert_close(got, want[:-1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ["torch", "layer kernel"])
 @pytest.mark.parametrize("kind", ["top", "eagle3"])
-def test_paged_forward_equals_the_training_unroll(kind):
+def test_paged_forward_equals_the_training_unroll(kind, path, monkeypatch):
     """The drafter's catch-up and draft steps over pages compute what HeadNet.unroll trains: step 1 on
-    true features, step 2 on the head's own predicted feature (eagle3: its pre-norm hidden)."""
+    true features, step 2 on the head's own predicted feature (eagle3: its pre-norm hidden); through the
+    torch modules and through the CPU layer kernel (drafters/head_forward.py) alike."""
+    from specdec.drafters import head_forward
+    from specdec.kernels import cpu_library
+
+    calls = []
+    if path == "torch":
+        monkeypatch.setenv("SPECDEC_HEAD_KERNEL", "0")
+    elif not cpu_library.cpu_supports():
+        pytest.skip("the layer kernel needs an x86 CPU with AVX2 and FMA")
+    real = head_forward.cpu_layer.decoder_layer
+    monkeypatch.setattr(head_forward.cpu_layer, "decoder_layer", lambda *a, **k: calls.append(1) or real(*a, **k))
     target = build("llama", seed=2, layers=3 if kind == "top" else 4)
     head = random_head(target, seed=3, draft_vocab=30, **KINDS[kind])
     seq = torch.randint(3, VOCAB, (20,), generator=torch.Generator().manual_seed(4))
@@ -105,6 +117,7 @@ def test_paged_forward_equals_the_training_unroll(kind):
         out = head._run(feat, seq[16:17], pos, slots[-1:], slots, None)
         torch.testing.assert_close(out[0], outs[1][0, 15], rtol=1e-5, atol=1e-5)
         table.release()
+    assert bool(calls) == (path == "layer kernel")  # which path ran the layers
 
 
 def test_from_pretrained_round_trip_and_refusals(tmp_path):

@@ -26,7 +26,8 @@ from ..cache.paged import PagedKV
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
-from .head_model import HeadConfig, HeadNet, fingerprint, run_head
+from .head_forward import run_head
+from .head_model import HeadConfig, HeadNet, fingerprint
 from .model import draft_chain
 
 CONFIG_NAME, WEIGHTS_NAME = "head_config.json", "head.safetensors"

@@ -384,21 +384,3 @@ def draft_cost(config: HeadConfig, target) -> float:
     layer = attn + 3 * H * config.intermediate_size
     mine = config.num_layers * layer + 2 * H * H + (config.draft_vocab or config.vocab_size) * H
     return mine / max(1, tgt)
-
-
-def run_head(net: HeadNet, kv, feats, tokens, positions, write_slots, read_slots, mask) -> torch.Tensor:
-    """The head's layers over entries: feats [n, H] (projected target features or predicted ones), tokens
-    [n], positions [n]; their KV goes to write_slots [n] of `kv` (a PagedKV), attention reads read_slots [R] under mask
-    [n, R] bool (None: every read slot visible). Returns what the layers emit [n, H] (HeadNet.emit).
-    One sequence's entries, or a batch's packed with a block-diagonal mask (drafters/feature_head.py, drafters/head_rows.py)."""
-    x = net.inputs(feats, tokens)[None]  # [1, n, H]
-    cos, sin = net.rope(positions, x.dtype)
-    cos, sin = cos[None, None], sin[None, None]
-    attn_mask = None if mask is None else mask[None, None]
-    for i, layer in enumerate(net.layers):
-        q, k, v = layer.qkv(x, cos, sin)
-        kv.write(i, write_slots, k, v)
-        keys, vals = kv.gather(i, read_slots)
-        att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=attn_mask, enable_gqa=layer.hq != layer.hkv)
-        x = layer.finish(x, att.transpose(1, 2).reshape(1, x.shape[1], -1))
-    return net.emit(x[0])

@@ -21,7 +21,7 @@ from ..transfer import to_device
 from ..tree import TreeGrower, TreeSpec
 from ..verifiers.sampling import probs_from_scores
 from .base import Draft, DraftContext, DraftSetup
-from .head_model import run_head
+from .head_forward import run_head
 from .model_rows import chain_drafts, pick_rows, tree_drafts
 
 if TYPE_CHECKING:

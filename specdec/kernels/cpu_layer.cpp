@@ -137,11 +137,13 @@ void silu_times(float* g, const float* u, int64_t m) {
 template <typename T>
 void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::optional<at::Tensor>>& bias,
            const T* cos, const T* sin, T* k_pages, T* v_pages, const int64_t* write, const int64_t* read,
-           const bool* mask, int64_t n, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, float scale, float eps) {
-  const int64_t H = w[1].size(1), I = w[6].size(0), row = Hkv * D;
+           const bool* mask, int64_t n, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, float scale, float eps,
+           const float* qkv_in) {
+  const int64_t H = w[4].size(0), I = w[6].size(0), row = Hkv * D;
   std::vector<float> h(n * H), q(n * Hq * D), k(n * row), v(n * row), att(n * Hq * D), g(n * I), u(n * I), o(n * H);
-  rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps);
-  linears<T>(h.data(), {&w[1], &w[2], &w[3]}, {&bias[0], &bias[1], &bias[2]}, {q.data(), k.data(), v.data()}, n);
+  if (!qkv_in) rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps);
+  linears<T>(qkv_in ? qkv_in : h.data(), {&w[1], &w[2], &w[3]}, {&bias[0], &bias[1], &bias[2]},
+             {q.data(), k.data(), v.data()}, n);
   rope(q.data(), cos, sin, n, Hq, D);
   rope(k.data(), cos, sin, n, Hkv, D);
   specdec_cpu::write_slots(k_pages, k.data(), write, n, row);
@@ -157,15 +159,18 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   add_rounded<T>(x, o.data(), n * H);
 }
 
-// x [n, H] -> the layer's output [n, H] (x's dtype); weights: input norm [H], q [Hq*D, H], k, v [Hkv*D, H],
+// x [n, H] -> the layer's output [n, H] (x's dtype); weights: input norm [H], q [Hq*D, K], k, v [Hkv*D, K],
 // o [H, Hq*D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: q, k, v biases or None;
 // cos, sin [n, D] (sin's first half negated); k_pages, v_pages [S, Hkv, D] get the new tokens' keys and
 // values at write_slots [n]; the queries read read_slots [T] under mask [n, T] (None: every key).
+// qkv_input [n, K] or None: what q, k and v multiply, given by the caller (EAGLE-3's midlayer: its embedding
+// and hidden normalised side by side, K = 2H; the input norm is then not applied); None: the input norm of x
+// (K = H).
 at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayRef<std::optional<at::Tensor>> qkv_bias,
                          const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_pages, at::Tensor& v_pages,
                          const at::Tensor& write_slots, const at::Tensor& read_slots,
                          const std::optional<at::Tensor>& mask, double scale, double eps, int64_t heads,
-                         int64_t kv_heads) {
+                         int64_t kv_heads, const std::optional<at::Tensor>& qkv_input) {
   const char* op = "decoder_layer";
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, op, ": x [n, H] on the CPU, got ", x.sizes());
   TORCH_CHECK(weights.size() == 9 && qkv_bias.size() == 3, op, ": 9 weights and 3 q/k/v biases, got ",
@@ -175,7 +180,10 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
   const int64_t n = x.size(0), H = x.size(1), D = k_pages.dim() == 3 ? k_pages.size(2) : 0, I = weights[6].size(0);
   TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && k_pages.dim() == 3 && k_pages.size(1) == kv_heads,
               op, ": heads a multiple of kv_heads, the pages [S, kv_heads, D]");
-  const std::vector<std::vector<int64_t>> shapes = {{H}, {heads * D, H}, {kv_heads * D, H}, {kv_heads * D, H},
+  TORCH_CHECK(!qkv_input.has_value() || (qkv_input->dim() == 2 && qkv_input->size(0) == n &&
+                                          qkv_input->scalar_type() == dt), op, ": qkv_input [n, K] of x's dtype");
+  const int64_t K = qkv_input.has_value() ? qkv_input->size(1) : H;
+  const std::vector<std::vector<int64_t>> shapes = {{H}, {heads * D, K}, {kv_heads * D, K}, {kv_heads * D, K},
                                                     {H, heads * D}, {H}, {I, H}, {I, H}, {H, I}};
   const char* names[] = {"input norm", "q", "k", "v", "o", "post-attention norm", "gate", "up", "down"};
   for (size_t j = 0; j < 9; j++) {
@@ -199,14 +207,18 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
   const at::Tensor mc = mask.has_value() ? mask->contiguous() : at::Tensor();
   std::vector<at::Tensor> w(weights.begin(), weights.end());
   std::vector<std::optional<at::Tensor>> b(qkv_bias.begin(), qkv_bias.end());
-  std::vector<float> xf(n * H);
+  std::vector<float> xf(n * H), hf(qkv_input.has_value() ? n * K : 0);
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const at::Tensor xc = x.contiguous();
     for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xc.data_ptr<T>()[j]);
+    if (qkv_input.has_value()) {
+      const at::Tensor hc = qkv_input->contiguous();
+      for (int64_t j = 0; j < n * K; j++) hf[j] = specdec_cpu::widen(hc.data_ptr<T>()[j]);
+    }
     layer<T>(xf.data(), w, b, cc.data_ptr<T>(), sc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(),
              ws.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), mask.has_value() ? mc.data_ptr<bool>() : nullptr, n,
-             read_slots.numel(), heads, kv_heads, D, float(scale), float(eps));
+             read_slots.numel(), heads, kv_heads, D, float(scale), float(eps), hf.empty() ? nullptr : hf.data());
     for (int64_t j = 0; j < n * H; j++) out.data_ptr<T>()[j] = T(xf[j]);
   };
   specdec_cpu::with_float_type(dt, run);
@@ -218,6 +230,6 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
   m.def("decoder_layer(Tensor x, Tensor[] weights, Tensor?[] qkv_bias, Tensor cos, Tensor sin, Tensor(a!) k_pages, "
         "Tensor(b!) v_pages, Tensor write_slots, Tensor read_slots, Tensor? mask, float scale, float eps, int heads, "
-        "int kv_heads) -> Tensor");
+        "int kv_heads, Tensor? qkv_input=None) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("decoder_layer", &decoder_layer); }

@@ -14,10 +14,11 @@ graphs (its weights alone: 17.4), a bfloat16 one 14.1 against 21.1.
 Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
 `torch.ops.specdec_cpu.decoder_layer`; it mutates the page tensors it is given (declared in its schema).
 
-Shapes: x [n, H] float32 or bfloat16; weights (9, x's dtype, contiguous): input norm [H], q [Hq * D, H],
-k, v [Hkv * D, H], o [H, Hq * D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: three
+Shapes: x [n, H] float32 or bfloat16; weights (9, x's dtype, contiguous): input norm [H], q [Hq * D, K],
+k, v [Hkv * D, K], o [H, Hq * D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: three
 of [out] or None; cos, sin [n, D] (hf/lean.py's table: sin's first half negated); k_pages, v_pages
-[S, Hkv, D]; write_slots [n], read_slots [T] int64; mask [n, T] bool or None -> [n, H].
+[S, Hkv, D]; write_slots [n], read_slots [T] int64; mask [n, T] bool or None; qkv_input [n, K] or None
+(what q, k, v multiply instead of the input norm of x: EAGLE-3's midlayer, K = 2H) -> [n, H].
 """
 from __future__ import annotations
 
@@ -30,10 +31,10 @@ MAX_ROWS = cpu_rows.MAX_ROWS  # the row kernel's reach: longer forwards take the
 
 
 def decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale: float,
-                  eps: float, heads: int, kv_heads: int) -> torch.Tensor:
+                  eps: float, heads: int, kv_heads: int, qkv_input=None) -> torch.Tensor:
     """The layer (module docstring; call cpu_library.load() first)."""
     return torch.ops.specdec_cpu.decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots,
-                                               read_slots, mask, scale, eps, heads, kv_heads)
+                                               read_slots, mask, scale, eps, heads, kv_heads, qkv_input)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,11 +43,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def decoder_layer_ref(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale,
-                      eps, heads, kv_heads) -> torch.Tensor:
+                      eps, heads, kv_heads, qkv_input=None) -> torch.Tensor:
     """The kernel's reference in torch, HF's modules' arithmetic (the attention: cpu_attention's reference)."""
     n_in, wq, wk, wv, wo, n_post, wg, wu, wd = weights
     D = k_pages.shape[2]
-    h = _rms(x, n_in, eps)
+    h = _rms(x, n_in, eps) if qkv_input is None else qkv_input
     q, k, v = (F.linear(h, w, b).view(x.shape[0], -1, D) for w, b in zip((wq, wk, wv), qkv_bias))
     c, s = cos[:, None], sin[:, None]
     q, k = (t * c + t.roll(D // 2, -1) * s for t in (q, k))
