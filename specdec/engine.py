@@ -28,6 +28,7 @@ from .drafters.base import (Draft, DraftContext, DraftSetup, FeatureDrafter, Mod
 from .hf.attention import specdec_attention
 from .hf.features import FeatureLog
 from .hf.compiled import STEPS, CompiledRunner, auto_compiles
+from .hf import linear
 from .hf.lean import LeanRunner
 from .hf.mapped_offload import mapped_offload, offload_reading
 from .hf.offload import check_device_map
@@ -121,7 +122,8 @@ class Engine:
         if runner is None and self.lean:
             runner = LeanRunner.for_model(self.target, pool, table, self.kernel, exact=True,
                                            bitwise=self.step == "bitwise")
-        return runner or ModelRunner(self.target, pool, table, self.kernel)
+        return runner or ModelRunner(self.target, pool, table, self.kernel,
+                                     short_blocks=self.step != "bitwise" and linear.short_blocks_on())
 
     def release_cache(self) -> None:
         """Drop the KV kept from the last generation (keep_cache=True); every page goes back to the pool."""

@@ -72,3 +72,26 @@ def test_the_rule_turns_weight_first_on_only_for_mkl_off_intel_and_obeys_the_ove
     assert short_block_rows("AuthenticAMD", True, "") == six
     with pytest.raises(ValueError, match="SPECDEC_WEIGHT_FIRST must be 0 or 1"):
         short_block_rows("GenuineIntel", True, "yes")
+
+
+@pytest.mark.parametrize("step", ["auto", "bitwise"])
+def test_a_model_through_its_own_modules_takes_the_short_block_products_except_bitwise(monkeypatch, step):
+    """Gemma 3 (no lean loop: the HF modules run it): with the machine's short-block rule on, its nn.Linear
+    modules multiply through linear_rows during specdec's forwards, the greedy output stays HF's, and every
+    module's own forward is back afterwards; step="bitwise" keeps F.linear (HF's logits bit for bit)."""
+    import specdec
+    from conftest import build, hf_greedy
+
+    model = build("gemma3", seed=1, scale=3.0)
+    monkeypatch.setattr(linear, "short_blocks_on", lambda: True)
+    calls = []
+    real = linear.linear_rows
+    monkeypatch.setattr(linear, "linear_rows", lambda *a: calls.append(a[1].shape) or real(*a))
+    prompt = torch.tensor([[3, 17, 22, 5, 9]])
+    out = specdec.generate(model, prompt, drafter="ngram", max_new_tokens=16, step=step,
+                           return_dict_in_generate=True)
+    assert out.stats.step == "hf"
+    assert torch.equal(out.sequences, hf_greedy(model, prompt, 16))
+    lm_head = model.get_output_embeddings().weight.shape
+    assert (lm_head in calls) == (step == "auto")  # the LM head among the products
+    assert not any("forward" in vars(m) for m in model.modules())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hf import linear
 from ..hf.lean import LeanRunner
 from ..hf.runner import ModelRunner
 from ..tree import TreeGrower, TreeSpec
@@ -83,7 +84,7 @@ def model_runner(model, table, kernel: bool, lean: bool = True) -> ModelRunner:
     """A draft model's runner on `table`: the lean loop where the model is supported and its probe passes
     (lean=True), else the HF modules."""
     runner = LeanRunner.for_model(model, table.pool, table, kernel) if lean else None
-    return runner or ModelRunner(model, table.pool, table, kernel)
+    return runner or ModelRunner(model, table.pool, table, kernel, short_blocks=linear.short_blocks_on())
 
 
 def vocab_size_of(model) -> int:

@@ -28,7 +28,9 @@ from .attention import check_supported
 from .cache import PagedCache, RowLayout, StepMeta, cache_keyword, check_cache_used
 from .features import FeatureCapture
 from .compiled import CompiledRunner, auto_compiles
+from . import linear
 from .lean import LeanRunner
+from .linear import short_block_linears
 from .runner import causal_mask, num_layers_of
 
 
@@ -81,6 +83,10 @@ class BatchRunner:
         if self.lean is None and lean and not kernel:
             self.lean = LeanRunner.for_model(model, pool, None, exact=exact)
         self.kv = self.lean.kv if self.lean is not None else PagedKV(pool, num_layers_of(model), self.device)
+        # the HF modules' nn.Linear through this machine's short-block products (hf/linear.py), except where a
+        # target's logits must be HF's bit for bit (step="bitwise")
+        short = self.lean is None and not kernel and (not exact or step != "bitwise") and linear.short_blocks_on()
+        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if short else []
         self.cache = PagedCache(self.kv)
         self.num_layers = self.kv.num_layers
         # feature layers (hf/features.py) a feature-head drafter reads; each forward then leaves every
@@ -148,12 +154,13 @@ class BatchRunner:
         kwargs = {"input_ids": tokens[None], "position_ids": meta.q_pos[None], cache_keyword(self.model): self.cache,
                   "use_cache": True, "specdec_meta": meta, "logits_to_keep": keep}
         try:
-            if self.capture:
-                with FeatureCapture(self.model, self.capture) as cap:
+            with short_block_linears(self.linears):
+                if self.capture:
+                    with FeatureCapture(self.model, self.capture) as cap:
+                        out = self.model(**kwargs)
+                    self.last_features = list(cap.features()[0].split(ran))
+                else:
                     out = self.model(**kwargs)
-                self.last_features = list(cap.features()[0].split(ran))
-            else:
-                out = self.model(**kwargs)
         finally:
             self.cache.meta = None
         check_cache_used(self.model, meta, self.num_layers)

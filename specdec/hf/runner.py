@@ -13,6 +13,7 @@ from ..cache.paged import PagedKV
 from ..cache.pool import BlockTable, PagePool
 from .attention import check_supported
 from .cache import PagedCache, StepMeta, cache_keyword, check_cache_used
+from .linear import short_block_linears
 
 
 def num_layers_of(model) -> int:
@@ -77,9 +78,12 @@ class ModelRunner:
     step_name = "hf"  # which step runs the forwards, as SpecStats.step reports it
     compile_s = 0.0  # seconds this runner spent compiling (hf/compiled.py's runner only)
 
-    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False):
+    def __init__(self, model, pool: PagePool, table: BlockTable, kernel: bool = False, short_blocks: bool = False):
         check_supported(model)
         self.model = model
+        # the model's nn.Linear modules multiply through this machine's short-block products during its
+        # forwards (hf/linear.py short_block_linears): not bit for bit HF's logits, so never for step="bitwise"
+        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if short_blocks else []
         self.device = next(model.parameters()).device
         self.table = table
         self.kv = PagedKV(pool, num_layers_of(model), self.device)
@@ -168,14 +172,15 @@ class ModelRunner:
         model = self._model_from(start_layer if hidden is not None else 0)
         kwargs = {"position_ids": positions[None], cache_keyword(model): self.cache, "use_cache": True,
                   "specdec_meta": meta, "logits_to_keep": keep}
-        if self.capture:
-            from .features import FeatureCapture
+        with short_block_linears(self.linears):
+            if self.capture:
+                from .features import FeatureCapture
 
-            with FeatureCapture(self.model, self.capture) as cap:
+                with FeatureCapture(self.model, self.capture) as cap:
+                    out = model(**inputs, **kwargs)
+                self.last_features = cap.features()[0]
+            else:
                 out = model(**inputs, **kwargs)
-            self.last_features = cap.features()[0]
-        else:
-            out = model(**inputs, **kwargs)
         layers = self.num_layers - (start_layer if hidden is not None else 0)
         check_cache_used(self.model, meta, layers)
         self.cache.meta = None
