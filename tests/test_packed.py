@@ -124,6 +124,22 @@ def test_the_lean_loop_follows_the_machine_rule(monkeypatch):
             assert isinstance(runner.layers[0].up, PackedQuantizedLinear) == (rule and BF16)
 
 
+def test_the_packed_weights_switch_overrides_the_rule_for_runners_made_inside_and_restores_it(monkeypatch):
+    """packed_weights() (the head trainer's answer batches): runners made inside pack whatever the machine's rule,
+    runners made after follow the rule again, also when the block raised."""
+    model = build("llama", seed=1)
+    pool = PagePool(4, 8)
+    monkeypatch.setattr(packed, "PACKED", False)
+    with packed.packed_weights():
+        inside = LeanRunner(model, pool, BlockTable(pool))
+    assert isinstance(inside.layers[0].down, PackedLinear) == torch.backends.mkldnn.is_available()
+    assert packed.PACKED is False and not isinstance(LeanRunner(model, pool, BlockTable(pool)).layers[0].down,
+                                                     PackedLinear)
+    with pytest.raises(RuntimeError), packed.packed_weights():
+        raise RuntimeError("inside")
+    assert packed.PACKED is False
+
+
 def test_a_cpu_that_cannot_pack_bfloat16_keeps_those_weights_on_f_linear(monkeypatch):
     monkeypatch.setattr(packed, "onednn_packs", lambda dtype: dtype == torch.float32)
     assert not packed.can_pack(_linear(8, 8, False, torch.bfloat16).weight)

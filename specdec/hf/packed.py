@@ -39,6 +39,7 @@ int4 linear: x [n, in] -> [n, out] in bfloat16.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import weakref
@@ -73,6 +74,19 @@ def packed_rule(vendor: str, onednn: bool, override: str | None = None) -> bool:
 
 
 PACKED = packed_rule(cpu_vendor(), torch.backends.mkldnn.is_available(), os.environ.get("SPECDEC_PACKED_WEIGHTS"))
+
+
+@contextlib.contextmanager
+def packed_weights(on: bool = True):
+    """Runners made inside take (on) or skip the packed path whatever the machine's rule: a process-wide
+    switch for work that knows its blocks, as the head trainer's answer batches (64 rows a step: oneDNN's
+    packed product against MKL's GEMM on an AMD CPU, where the rule is off). Not for concurrent generations."""
+    global PACKED
+    before, PACKED = PACKED, on and torch.backends.mkldnn.is_available()
+    try:
+        yield
+    finally:
+        PACKED = before
 
 
 def describe() -> str:
