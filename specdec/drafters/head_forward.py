@@ -64,9 +64,8 @@ def _kernel_layers(net: HeadNet, kv, x, cos, sin, write_slots, read_slots, mask)
     signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)  # hf/lean.py's table
     qkv_input = None
     if net.eagle3:  # the midlayer: q, k, v over [norm(embedding) | norm(hidden)], the hidden as the residual
-        layer = net.layers[0]
-        e, x = x.chunk(2, dim=-1)
-        qkv_input = torch.cat([layer.input_layernorm(e), layer.hidden_norm(x)], dim=-1)
+        qkv_input = net.layers[0].qkv_input(x)
+        x = x.chunk(2, dim=-1)[1]
     x = x.contiguous()
     for i, layer in enumerate(net.layers):
         weights = [layer.input_layernorm.weight, layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight,

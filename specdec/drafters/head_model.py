@@ -207,10 +207,14 @@ class Eagle3Layer(HeadLayer):
         self.k_proj = nn.Linear(2 * H, self.hkv * D, bias=False)
         self.v_proj = nn.Linear(2 * H, self.hkv * D, bias=False)
 
+    def qkv_input(self, x):
+        """x [.., 2H] = [embedding | hidden] -> what q, k and v multiply: [norm(embedding) | norm(hidden)]."""
+        e, hidden = x.chunk(2, dim=-1)
+        return torch.cat([self.input_layernorm(e), self.hidden_norm(hidden)], dim=-1)
+
     def qkv(self, x, cos, sin):
         B, n, _ = x.shape
-        e, hidden = x.chunk(2, dim=-1)
-        h = torch.cat([self.input_layernorm(e), self.hidden_norm(hidden)], dim=-1)
+        h = self.qkv_input(x)
         q = linear_rows(h, self.q_proj.weight).view(B, n, self.hq, self.d).transpose(1, 2)
         k = linear_rows(h, self.k_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)
         v = linear_rows(h, self.v_proj.weight).view(B, n, self.hkv, self.d).transpose(1, 2)

@@ -86,7 +86,7 @@ class BatchRunner:
         # the HF modules' nn.Linear through this machine's short-block products (hf/linear.py), except where a
         # target's logits must be HF's bit for bit (step="bitwise")
         short = self.lean is None and not kernel and (not exact or step != "bitwise") and linear.short_blocks_on()
-        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if short else []
+        self.linears = linear.plain_linears(model) if short else []
         self.cache = PagedCache(self.kv)
         self.num_layers = self.kv.num_layers
         # feature layers (hf/features.py) a feature-head drafter reads; each forward then leaves every

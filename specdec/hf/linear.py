@@ -181,6 +181,12 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return weight_first_rows(x, weight, bias, WEIGHT_FIRST_MAX_ROWS) if y is None else y
 
 
+def plain_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's modules that are nn.Linear itself (no subclass: a quantized or otherwise special linear
+    keeps its own forward): what short_block_linears takes."""
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
 @contextlib.contextmanager
 def short_block_linears(linears: list[torch.nn.Linear]):
     """While inside, these nn.Linear modules multiply through `linear_rows` (this machine's short-block

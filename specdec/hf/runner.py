@@ -13,7 +13,7 @@ from ..cache.paged import PagedKV
 from ..cache.pool import BlockTable, PagePool
 from .attention import check_supported
 from .cache import PagedCache, StepMeta, cache_keyword, check_cache_used
-from .linear import short_block_linears
+from .linear import plain_linears, short_block_linears
 
 
 def num_layers_of(model) -> int:
@@ -83,7 +83,7 @@ class ModelRunner:
         self.model = model
         # the model's nn.Linear modules multiply through this machine's short-block products during its
         # forwards (hf/linear.py short_block_linears): not bit for bit HF's logits, so never for step="bitwise"
-        self.linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if short_blocks else []
+        self.linears = plain_linears(model) if short_blocks else []
         self.device = next(model.parameters()).device
         self.table = table
         self.kv = PagedKV(pool, num_layers_of(model), self.device)
