@@ -1,12 +1,13 @@
-"""A target the lean loop does not cover (Gemma 3: specdec runs its own HF modules) with and without this
-machine's short-block products (hf/linear.py short_block_linears), beside HF's generate().
+"""Gemma 3 (or another target) through the lean loop, through its own HF modules, and HF's generate().
 
-In one process, per round, each prompt through: HF generate() target-only, specdec with nothing drafted with
-the short-block products (the default where the machine's rule is on), and the same with F.linear (as before
-they applied, and as step="bitwise" runs); every run makes exactly --max-new-tokens tokens (EOS ignored: what
-is timed is the step, not the text). Medians over rounds of tokens/s (all tokens / all seconds of a round), and
-whether every output equals HF's greedy. Nothing drafts here: past its answer the model repeats itself, which
-would flatter any drafter.
+In one process, per round, each prompt through: HF generate() target-only; specdec with nothing drafted as
+it runs by default (for Gemma 3 and Qwen3 since 2026-12-07 the lean loop, hf/lean.py, with this machine's
+short-block products); and specdec through the target's own HF modules (the lean loop's architecture table
+emptied for the run: what ran Gemma 3 before, with the short-block products of hf/linear.py
+short_block_linears). Every run makes exactly --max-new-tokens tokens (EOS ignored: what is timed is the
+step, not the text). Medians over rounds of tokens/s (all tokens / all seconds of a round), the step each mode
+ran (stats.step), and whether every output equals HF's greedy. Nothing drafts here: past its answer the model
+repeats itself, which would flatter any drafter.
 
     python benchmarks/hf_modules_step.py --out benchmarks/results/hf_modules_step_amd_epyc.md
 """
@@ -22,10 +23,10 @@ import specdec
 from specdec import zoo
 from specdec.cli.bench import load_prompts
 from specdec.files import write_text
-from specdec.hf import linear
+from specdec.hf import lean_layer as lean
 from specdec.hf.linear import machine
 
-RULE = linear.short_blocks_on
+FORMS = dict(lean.FORMS)
 
 
 def timed(fn):
@@ -52,17 +53,22 @@ def main() -> None:
     def hf(ids):
         return target.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    def spec(ids, short: bool):
-        linear.short_blocks_on = RULE if short else (lambda: False)  # read as each generation makes its runner
+    steps: dict[str, set] = {}
+
+    def spec(ids, mode: str, lean_loop: bool):
+        lean.FORMS.clear()
+        lean.FORMS.update(FORMS if lean_loop else {})  # read as each generation makes its runner
         try:
-            return specdec.generate(target, ids, drafter=None, max_new_tokens=n, eos_token_id=None,
-                                    do_sample=False, return_dict_in_generate=True).sequences
+            out = specdec.generate(target, ids, drafter=None, max_new_tokens=n, eos_token_id=None,
+                                   do_sample=False, return_dict_in_generate=True)
         finally:
-            linear.short_blocks_on = RULE
+            lean.FORMS.update(FORMS)
+        steps.setdefault(mode, set()).add(out.stats.step)
+        return out.sequences
 
     modes = {"HF generate() target-only": hf,
-             "specdec nothing drafted, short-block products": lambda ids: spec(ids, True),
-             "specdec nothing drafted, F.linear": lambda ids: spec(ids, False)}
+             "specdec nothing drafted (default step)": lambda ids: spec(ids, "specdec nothing drafted (default step)", True),
+             "specdec nothing drafted, HF modules": lambda ids: spec(ids, "specdec nothing drafted, HF modules", False)}
     for fn in modes.values():  # warm-up
         fn(prompts[0][:, :8])
     rates = {m: [] for m in modes}
@@ -76,15 +82,17 @@ def main() -> None:
                 ref = [o[0] for o in outs]
             same[m] &= all(torch.equal(o[0][:len(r)], r) for o, r in zip(outs, ref))
     base = statistics.median(rates["HF generate() target-only"])
-    rows = [f"| {m} | {', '.join(f'{r:.1f}' for r in rates[m])} | {statistics.median(rates[m]):.1f} | "
-            f"{statistics.median(rates[m]) / base:.2f} | {'yes' if same[m] else 'NO'} |" for m in modes]
+    rows = [f"| {m} | {', '.join(sorted(steps.get(m, {'HF'})))} | {', '.join(f'{r:.1f}' for r in rates[m])} | "
+            f"{statistics.median(rates[m]):.1f} | {statistics.median(rates[m]) / base:.2f} | "
+            f"{'yes' if same[m] else 'NO'} |" for m in modes]
     text = "\n".join([
-        "# A target through its own HF modules: short-block products", "",
+        "# A target through the lean loop and through its own HF modules", "",
         f"`python benchmarks/hf_modules_step.py --target {a.target} --num-prompts {a.num_prompts} "
         f"--max-new-tokens {n} --rounds {a.rounds} --threads {a.threads}`", "",
         f"{a.target} float32, greedy, {n} new tokens, the first {a.num_prompts} prompts of {a.prompts}, {a.rounds} "
         f"rounds, the modes in turn in one process. Machine: {machine()}.", "",
-        "| mode | tokens/s per round | median | vs HF | output == HF greedy |", "|---|---|---|---|---|", *rows, ""])
+        "| mode | step | tokens/s per round | median | vs HF | output == HF greedy |", "|---|---|---|---|---|---|",
+        *rows, ""])
     if a.out:
         write_text(a.out, text)
     print(text)

@@ -32,11 +32,11 @@ from test_trees import TEMPERATURE, TOP_K, exact_joint, gof
 def test_the_packed_forward_gives_every_row_its_own_logits(arch, lean, num_rows):
     """Three rows of different lengths (longer than the sliding windows), then a few tokens more each:
     every row's logits equal the model's own forward over that row alone, through the lean loop (Llama,
-    Mistral, Qwen2; from 4 rows attending over the rows laid out padded) and through the HF modules."""
+    Mistral, Qwen2, Qwen3, Gemma 3; from 4 rows attending over the rows laid out padded) and through the HF modules."""
     model = build(arch, seed=0)
     pool = PagePool(64, 4)
     runner = BatchRunner(model, pool, lean=lean)
-    assert (runner.lean is not None) == (lean and arch in ("llama", "mistral", "qwen2"))
+    assert (runner.lean is not None) == (lean and arch in ("llama", "mistral", "qwen2", "qwen3", "gemma3"))
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 60, (n,), generator=g) for n in (5, 11, 8, 13, 2)[:num_rows]]
     more = [torch.randint(3, 60, (n,), generator=g) for n in (3, 1, 4, 2, 5)[:num_rows]]

@@ -248,9 +248,13 @@ def test_step_choice_and_bad_values(target, monkeypatch):
         specdec.generate(target, PROMPT, step="fast", max_new_tokens=2)
     out = specdec.generate(target, PROMPT, step="bitwise", max_new_tokens=4, return_dict_in_generate=True)
     assert out.stats.step == "lean" and out.stats.compile_s == 0
-    gemma = build("gemma3", seed=0)  # no lean loop: the HF modules, whatever the step asked
-    out = specdec.generate(gemma, PROMPT, step="compiled", max_new_tokens=4, return_dict_in_generate=True)
-    assert out.stats.step == "hf" and torch.equal(out.sequences, hf_greedy(gemma, PROMPT, 4))
+    gemma2 = build("gemma2", seed=0)  # no lean loop: the HF modules, whatever the step asked
+    out = specdec.generate(gemma2, PROMPT, step="compiled", max_new_tokens=4, return_dict_in_generate=True)
+    assert out.stats.step == "hf" and torch.equal(out.sequences, hf_greedy(gemma2, PROMPT, 4))
+    for arch in ("gemma3", "qwen3"):  # a lean loop but neither graphs nor layer kernel: the lean loop
+        model = build(arch, seed=0)
+        out = specdec.generate(model, PROMPT, step="compiled", max_new_tokens=4, return_dict_in_generate=True)
+        assert out.stats.step == "lean" and torch.equal(out.sequences, hf_greedy(model, PROMPT, 4))
 
 
 def test_runner_refuses_what_the_graphs_do_not_cover():

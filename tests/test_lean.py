@@ -32,7 +32,7 @@ def _logits(cls, model, tokens, chunks):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_lean_forward_matches_the_hf_modules_past_the_sliding_window(arch):
     model = build(arch, seed=1)
     tokens = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(2))
@@ -43,7 +43,7 @@ def test_lean_forward_matches_the_hf_modules_past_the_sliding_window(arch):
     assert isinstance(LeanRunner.for_model(model, pool, BlockTable(pool)), LeanRunner)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma3"])
 @pytest.mark.parametrize("row_kernel", ["0", "1"])
 def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch, row_kernel, monkeypatch):
     """A tree grown one depth per forward (forward_tree with earlier nodes in the block), past mistral's
@@ -79,7 +79,7 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch, row_kernel, mon
     assert torch.allclose(fast, outs[0], atol=1e-5, rtol=1e-4) and torch.equal(fast.argmax(-1), outs[0].argmax(-1))
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3", "qwen3", "gpt2"])
+@pytest.mark.parametrize("arch", ["gemma2", "phi3", "gpt2"])
 def test_unsupported_architectures_keep_the_hf_path_and_the_output(arch):
     pool = PagePool(4, 8)
     draft_model = build(arch, seed=3, layers=1)
@@ -129,6 +129,7 @@ def test_model_drafter_drafts_through_the_lean_loop_and_keeps_greedy_output(monk
 
 def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monkeypatch):
     import specdec.hf.lean as lean
+    import specdec.hf.lean_layer as lean_layer
 
     targets, probing = [], []
     real_init, real_probe = lean.LeanRunner.__init__, lean._probe
@@ -153,8 +154,8 @@ def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monke
     assert torch.equal(specdec.generate(target, ids, drafter=draft, max_new_tokens=24, eos_token_id=None), ref)
     assert any(m is target for m in targets)  # bit-identical: the target used the lean loop
     # a lean loop off by a rounding step: still fine for a draft, never for the target
-    real_rms = lean.rms_norm
-    monkeypatch.setattr(lean, "rms_norm", lambda norm, x: real_rms(norm, x) * (1 + 1e-6))
+    real_rms = lean_layer.rms_norm
+    monkeypatch.setattr(lean_layer, "rms_norm", lambda norm, x: real_rms(norm, x) * (1 + 1e-6))
     target2, draft2 = build("llama", seed=7, layers=3), build("llama", seed=8, layers=1)
     targets.clear()
     ref2 = hf_greedy(target2, ids, 24, eos_token_id=None)
@@ -163,7 +164,7 @@ def test_the_target_runs_lean_only_where_the_probe_proves_it_bit_identical(monke
     assert lean._verdicts[target2][(torch.float32, torch.device("cpu"))] == "close"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_entering_at_a_layer_with_hidden_states_matches_the_hf_modules_bit_for_bit(arch):
     model = build(arch, seed=2, layers=4)
     tokens = torch.randint(3, VOCAB, (14,), generator=torch.Generator().manual_seed(3))
@@ -248,7 +249,7 @@ def _tree_logits(runner, model, tokens):
     return torch.cat(rows)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_a_drafts_fused_loop_keeps_the_hf_modules_tokens(arch):
     """A draft's runner (for_model without exact) joins a quantized draft's q/k/v and gate/up into one
     product each and uses torch's RMSNorm: the HF modules' logits to rounding and the same greedy tokens,
@@ -264,6 +265,44 @@ def test_a_drafts_fused_loop_keeps_the_hf_modules_tokens(arch):
     assert torch.allclose(got, ref, atol=5e-2 * ref.abs().max(), rtol=0) and torch.equal(got.argmax(-1), ref.argmax(-1))
     exact = LeanRunner.for_model(build(arch, seed=1), pool, BlockTable(pool), exact=True)
     assert not exact.fused and exact.layers[0].qkv is None
+
+
+def _gemma3(**overrides):
+    from transformers import Gemma3ForCausalLM
+
+    from conftest import _cfgs
+
+    cfg = _cfgs()["gemma3"][1]
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(5)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+def test_gemma3_runs_lean_in_both_dtypes_with_its_logit_cap_and_refuses_attention_capping():
+    """Gemma 3's own parts (q/k norms, sandwich and (1 + w) norms, local and global RoPE tables, the scaled
+    embedding, and a final logit cap where its config sets one) reproduce its HF modules bit for bit in
+    float32 and bfloat16; a config the loop does not compute (attention logit capping) keeps the HF path,
+    with the reason named."""
+    from specdec.hf.lean import _probe, unsupported
+
+    capped = _gemma3(final_logit_softcapping=0.5)  # small enough that the tanh bends every logit
+    assert unsupported(capped) is None and _probe(capped) == "exact"
+    assert _probe(capped.to(torch.bfloat16)) == "exact"
+    pool = PagePool(4, 8)
+    runner = LeanRunner.for_model(_gemma3(final_logit_softcapping=0.5), pool, BlockTable(pool), exact=True)
+    logits = runner.forward(torch.arange(3, 9), logits_rows=None)
+    assert logits.abs().max() < 0.5  # the cap applied: |tanh(z / c) * c| < c
+    uncapped = _gemma3()
+    assert _probe(uncapped) == "exact" and not torch.equal(
+        _logits(LeanRunner, uncapped, torch.arange(3, 9), [6]), logits)
+    attn_capped = _gemma3(attn_logit_softcapping=20.0)
+    assert unsupported(attn_capped) == "attention logit soft-capping"
+    assert LeanRunner.for_model(attn_capped, pool, BlockTable(pool)) is None
+    ids = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
+    out = specdec.generate(attn_capped, ids, drafter="ngram", max_new_tokens=12, eos_token_id=None,
+                           return_dict_in_generate=True)
+    assert out.stats.step == "hf" and torch.equal(out.sequences, hf_greedy(attn_capped, ids, 12, eos_token_id=None))
 
 
 def test_rope_in_four_ops_is_hfs_bit_for_bit():

@@ -76,13 +76,13 @@ def test_the_rule_turns_weight_first_on_only_for_mkl_off_intel_and_obeys_the_ove
 
 @pytest.mark.parametrize("step", ["auto", "bitwise"])
 def test_a_model_through_its_own_modules_takes_the_short_block_products_except_bitwise(monkeypatch, step):
-    """Gemma 3 (no lean loop: the HF modules run it): with the machine's short-block rule on, its nn.Linear
+    """Gemma 2 (no lean loop: the HF modules run it): with the machine's short-block rule on, its nn.Linear
     modules multiply through linear_rows during specdec's forwards, the greedy output stays HF's, and every
     module's own forward is back afterwards; step="bitwise" keeps F.linear (HF's logits bit for bit)."""
     import specdec
     from conftest import build, hf_greedy
 
-    model = build("gemma3", seed=1, scale=3.0)
+    model = build("gemma2", seed=1, scale=3.0)
     monkeypatch.setattr(linear, "short_blocks_on", lambda: True)
     calls = []
     real = linear.linear_rows

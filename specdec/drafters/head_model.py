@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..hf.lean import rms_norm, rotate_half
+from ..hf.lean_layer import rms_norm, rotate_half
 from ..hf.linear import linear_rows
 
 

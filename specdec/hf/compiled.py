@@ -67,6 +67,7 @@ from .attention import specdec_attention
 from .cache import StepMeta
 from .compiled_graphs import ACTIVATIONS, _layer_params, _rms, make_graphs, product_form
 from .lean import LeanRunner, _select_rows, attend_rows
+from .lean_layer import FORMS, LLAMA
 
 log = logging.getLogger("specdec")
 
@@ -97,6 +98,8 @@ def bucket_for(n: int) -> int | None:
 
 def unsupported_reason(model) -> str | None:
     """Why the compiled step cannot run this model (None: it can). hf/lean.py decides the architecture."""
+    if FORMS.get(type(model).__name__) != LLAMA:
+        return f"{type(model).__name__}'s layers (q/k norms, Gemma's sandwich norms) are not in the graphs or the layer kernel"
     cfg = model.config.get_text_config()
     if getattr(cfg, "hidden_act", None) not in ACTIVATIONS:
         return f"activation {getattr(cfg, 'hidden_act', None)!r}"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..kernels import cpu_rows
 from . import linear
-from .lean import rope
+from .lean_layer import rope
 
 # how a block's products multiply, by its rows: (most rows through specdec's row kernel, most rows as
 # inductor reductions, most rows weight-first). Where MKL's own short-block products are slow (the

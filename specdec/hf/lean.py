@@ -1,11 +1,13 @@
-"""A lean forward for Llama-family models: the same weights and operations, less Python per forward.
+"""A lean forward for Llama, Mistral, Qwen2, Qwen3 and Gemma 3 models (hf/lean_layer.py has their layer forms):
+the same weights and operations, less Python per forward.
 
 A one-layer draft's token costs about 0.3 ms of arithmetic and, through transformers' modules, about
 0.5 ms more of Python (module calls, output dataclasses, rotary recomputation, cache bookkeeping), paid
 k times per speculation step; the zoo target pays about 2 ms of it per forward (20 %). `LeanRunner`
 runs its forwards (prefill, chain verification and drafting, tree blocks, and verification entering at
 layer E with hidden states after an early-exit draft) as a straight-line loop over the model's own
-weight tensors (referenced, not copied), with RoPE from a cached cos/sin table and attention by SDPA over
+weight tensors (referenced, not copied), with RoPE from a cached cos/sin table (one per layer type for
+Gemma 3's local and global layers) and attention by SDPA over
 the gathered pages, masked by the same StepMeta mask the HF path gets. The Triton kernel path goes
 through the HF modules as usual, on the same pages, same layout.
 
@@ -37,114 +39,19 @@ keys/values gathered [1, Hkv, T, D]; returned logits [r, V] float32.
 from __future__ import annotations
 
 import weakref
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..cache.pool import BlockTable, PagePool
-from ..quantize import QuantizedLinear, joined
 from .cache import StepMeta
 from . import linear, packed as packed_path
-from .linear import bound_linear, short_blocks_linear
-from .packed import FROM_ROWS, PackedJoined, PackedLinear, PackedQuantizedLinear, can_join, can_pack, can_pack_quantized
+from .lean_layer import FORMS, LLAMA, LeanLayer, bound_module_linear, norm_forward, rope, rotate_half  # noqa: F401 (rope, rotate_half: re-exported)
 from .runner import ModelRunner
-
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 # model -> {(dtype, device): "exact" | "close" | "no"}: probe verdicts, so each model is probed once
 _verdicts: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references to the module's
-    weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short blocks
-    through the row kernel or weight-first (hf/linear.py); packed: blocks past hf/packed.py's row count through the weight
-    packed for oneDNN. Both False: F.linear throughout, as HF's modules do."""
-    if isinstance(m, QuantizedLinear):
-        return PackedQuantizedLinear(m) if packed and can_pack_quantized(m) else m.bound_forward()
-    if type(m) is not nn.Linear:
-        raise TypeError(f"unsupported linear {type(m).__name__}")
-    plain = short_blocks_linear(m.weight, m.bias) if short_blocks else bound_linear(m.weight, m.bias)
-    if packed and can_pack(m.weight):
-        return PackedLinear(m, plain)
-    return plain
-
-
-class _Layer:
-    """One decoder layer's forwards, bound once. q/k/v and gate/up as one product each where they join: a
-    quantized draft's under fused (quantize.joined; fused also takes torch's RMSNorm), or packed weights
-    (packed, hf/packed.py PackedJoined; for float32 only blocks of long_from rows or more, in qkv_long and
-    gate_up_long, shorter ones through q, k, v, gate and up): qkv [n, H] -> [n, (Hq + 2 Hkv) * D]
-    and gate_up [n, H] -> [n, 2 I] (gate's I columns first), with q, k, v, gate and up None; else qkv and
-    gate_up are None."""
-
-    def __init__(self, layer, short_blocks: bool, packed: bool, fused: bool = False):
-        attn, mlp = layer.self_attn, layer.mlp
-        lin = lambda m: None if m is None else _linear(m, short_blocks, packed)  # noqa: E731
-        qkv, gate_up = (joined([attn.q_proj, attn.k_proj, attn.v_proj]) if fused else None,
-                        joined([mlp.gate_proj, mlp.up_proj]) if fused else None)
-        self.qkv, self.gate_up = lin(qkv), lin(gate_up)
-        # packed weights: q/k/v and gate/up joined (PackedJoined) for every block where every block is packed
-        # (bfloat16), else for blocks of long_from rows or more, shorter ones part by part off the packed path
-        qkv_parts, gate_up_parts = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
-        self.qkv_long = self.gate_up_long = None
-        self.long_from = 0
-        if packed and qkv is None and gate_up is None and can_join(qkv_parts) and can_join(gate_up_parts):
-            self.long_from = FROM_ROWS[attn.q_proj.weight.dtype]
-            both = PackedJoined(qkv_parts), PackedJoined(gate_up_parts)
-            if self.long_from == 1:
-                self.qkv, self.gate_up = both
-            else:
-                self.qkv_long, self.gate_up_long = both
-        short = (lambda m: _linear(m, short_blocks, False)) if self.qkv_long is not None else lin  # noqa: E731
-        self.q, self.k, self.v = (None, None, None) if self.qkv is not None else (short(m) for m in qkv_parts)
-        self.gate, self.up = (None, None) if self.gate_up is not None else (short(m) for m in gate_up_parts)
-        self.inter = mlp.gate_proj.out_features
-        self.o, self.down = lin(attn.o_proj), lin(mlp.down_proj)
-        self.act = mlp.act_fn.forward  # the module's own forward, without the module call
-        self.norm1, self.norm2 = _norm(layer.input_layernorm, fused), _norm(layer.post_attention_layernorm, fused)
-        self.scaling = attn.scaling
-        # Qwen2 sets it per layer on the module; Mistral passes its config's to the attention function
-        self.sliding_window = (attn.sliding_window if hasattr(attn, "sliding_window")
-                               else getattr(attn.config, "sliding_window", None))
-
-    def joined(self, n: int) -> tuple:
-        """(qkv, gate_up) for a block of n rows: each joined product where it serves n rows, else None."""
-        long = n >= self.long_from
-        return (self.qkv if self.qkv is not None else self.qkv_long if long else None,
-                self.gate_up if self.gate_up is not None else self.gate_up_long if long else None)
-
-
-def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, bit for bit: weight * (h * rsqrt(mean(h ** 2) + eps)) with h = x in
-    float32, in five ops instead of seven (h * h is pow(h, 2)'s own kernel; the sum and the scale in place
-    where no copy is shared; weight * h == h * weight exactly)."""
-    h = x.float()
-    h = h * torch.rsqrt(torch.mean(h * h, -1, keepdim=True).add_(norm.variance_epsilon))
-    h = h.to(x.dtype)
-    return h.mul_(norm.weight) if norm.weight.dtype == h.dtype else norm.weight * h
-
-
-def _norm(norm: nn.Module, fused: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x [n, H] -> [n, H]: HF's RMSNorm op for op (rms_norm), or fused: torch's F.rms_norm with the weight
-    and epsilon looked up once (other rounding: drafts only)."""
-    if not fused:
-        return lambda x: rms_norm(norm, x)
-    weight, eps = norm.weight, norm.variance_epsilon
-    return lambda x: F.rms_norm(x, weight.shape, weight, eps)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """HF's x * cos + rotate_half(x) * sin, bit for bit, in four ops instead of seven: rotate_half(x) * sin
-    is roll(x) * sin with sin's first half negated ((-a) * b == a * (-b) exactly)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class LeanRunner(ModelRunner):
@@ -167,16 +74,24 @@ class LeanRunner(ModelRunner):
             packed = packed_path.PACKED
         cfg = model.config.get_text_config()
         inner = model.model
-        self.embed = inner.embed_tokens
+        form = FORMS.get(type(model).__name__, LLAMA)
+        self.embed = inner.embed_tokens  # Gemma's scales by sqrt(H) itself
         self.fused = fused
-        self.layers = [_Layer(layer, short_blocks, packed, fused) for layer in inner.layers]
-        self.final_norm = _norm(inner.norm, fused)
-        self.head = _linear(model.lm_head, short_blocks, packed)
+        rot = inner.rotary_emb
+        if form.rope_per_layer_type:  # Gemma 3: one table per layer type, each its own inverse frequencies
+            keys = list(cfg.layer_types)
+            self._rope_params = {t: (getattr(rot, f"{t}_inv_freq").float(), float(getattr(rot, f"{t}_attention_scaling")))
+                                 for t in set(keys)}
+        else:
+            keys = ["default"] * len(inner.layers)
+            self._rope_params = {"default": (rot.inv_freq.float(), float(rot.attention_scaling))}
+        self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (cos, signed sin) [size, D]
+        self.layers = [LeanLayer(layer, short_blocks, packed, fused, form, key) for layer, key in zip(inner.layers, keys)]
+        self.final_norm = norm_forward(inner.norm, fused, form.offset_norms)
+        self.head = bound_module_linear(model.lm_head, short_blocks, packed)
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)  # Gemma's tanh cap on the logits, if set
         self.hq, self.hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        rot = inner.rotary_emb
-        self._inv_freq, self._rope_scale = rot.inv_freq.float(), float(rot.attention_scaling)
-        self._cos = self._sin = None
 
     @classmethod
     def for_model(cls, model, pool: PagePool, table: BlockTable, kernel: bool = False,
@@ -185,7 +100,7 @@ class LeanRunner(ModelRunner):
         `exact`), else None; fused unless `exact`. bitwise (step="bitwise"): every product through F.linear's
         own kernel, as HF's modules multiply (no weight-first or packed blocks), so every forward's logits
         are bit for bit HF's. Not on the kernel path (the Triton kernels read the pages themselves)."""
-        if kernel or type(model).__name__ not in SUPPORTED or not _static_rope(model):
+        if kernel or unsupported(model) is not None:
             return None
         # offloaded by accelerate (hf/offload.py) and not held from maps (hf/mapped_offload.py): only its hooks
         # load those weights, so the loop cannot read them (and no probe is paid)
@@ -205,20 +120,23 @@ class LeanRunner(ModelRunner):
             return cls(model, pool, table, kernel, fused=not exact)
         return None
 
-    def _rope(self, positions: torch.Tensor, dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, D] for `positions`, from a table grown on demand (HF's formula, float32), sin's first
-        half negated (see rope). need: a bound on max(positions) + 1 known on the host (reading the positions
-        would sync with the device)."""
-        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
-            size = max(need, 2 * (self._cos.shape[0] if self._cos is not None else 256))
-            t = torch.arange(size, dtype=torch.float32, device=self._inv_freq.device)
-            freqs = torch.outer(t, self._inv_freq)
+    def _rope(self, positions: torch.Tensor, dtype, need: int, key: str = "default") -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, D] for `positions`, from table `key` (a layer type's, or "default") grown on demand (HF's
+        formula, float32), sin's first half negated (see rope). need: a bound on max(positions) + 1 known on
+        the host (reading the positions would sync with the device)."""
+        cos, sin = self._tables.get(key, (None, None))
+        if cos is None or cos.shape[0] < need or cos.dtype != dtype:
+            inv_freq, scale = self._rope_params[key]
+            size = max(need, 2 * (cos.shape[0] if cos is not None else 256))
+            t = torch.arange(size, dtype=torch.float32, device=inv_freq.device)
+            freqs = torch.outer(t, inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos = (emb.cos() * self._rope_scale).to(dtype)
-            sin = (emb.sin() * self._rope_scale).to(dtype)
+            cos = (emb.cos() * scale).to(dtype)
+            sin = (emb.sin() * scale).to(dtype)
             half = sin.shape[-1] // 2
-            self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        return self._cos[positions], self._sin[positions]
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            self._tables[key] = cos, sin
+        return cos[positions], sin[positions]
 
     def _run(self, tokens, start: int, positions, block_pos, tree_mask, logits_rows, hidden=None,
              start_layer: int = 0) -> torch.Tensor:
@@ -245,40 +163,51 @@ class LeanRunner(ModelRunner):
         read slots, q_pos and mask: one sequence's, or a packed batch's, hf/batch_runner.py); need bounds
         max(q_pos) + 1 on the host. Returns logits [r, V] float32."""
         n = x.shape[0]
-        cos, sin = self._rope(meta.q_pos, x.dtype, need)
-        cos_rows, sin_rows = cos[:, None], sin[:, None]  # broadcast over [n, heads, D]
-        cos, sin = cos[None, None], sin[None, None]  # broadcast over [1, heads, n, D]
+        # per RoPE table: cos, sin broadcast over [n, heads, D] (rows) and over [1, heads, n, D]
+        ropes = {key: (c[:, None], s[:, None], c[None, None], s[None, None])
+                 for key in self._rope_params for c, s in [self._rope(meta.q_pos, x.dtype, need, key)]}
         Hq, Hkv, D = self.hq, self.hkv, self.head_dim
         write, read, rows = meta.write_slots, meta.read_slots, meta.rows
         want, top = set(self.capture), len(self.layers)
         kept: dict[int, torch.Tensor] = {}  # feature layer -> [n, H]
         for i, L in enumerate(self.layers[first:], start=first):
+            cos_rows, sin_rows, cos, sin = ropes[L.rope_key]
             h = L.norm1(x)
             joined_qkv, joined_gate_up = L.joined(n)
             if joined_qkv is not None:  # one product, RoPE on q and k together in [n, heads, D]
                 qkv = joined_qkv(h).view(n, -1, D)
-                qk = rope(qkv[:, :Hq + Hkv], cos_rows, sin_rows)
-                q, k, v = (t.transpose(0, 1)[None] for t in (qk[:, :Hq], qk[:, Hq:], qkv[:, Hq + Hkv:]))
+                if L.q_norm is None:
+                    qk = rope(qkv[:, :Hq + Hkv], cos_rows, sin_rows)
+                    q, k = qk[:, :Hq], qk[:, Hq:]
+                else:
+                    q = rope(L.q_norm(qkv[:, :Hq]), cos_rows, sin_rows)
+                    k = rope(L.k_norm(qkv[:, Hq:Hq + Hkv]), cos_rows, sin_rows)
+                q, k, v = (t.transpose(0, 1)[None] for t in (q, k, qkv[:, Hq + Hkv:]))
             else:
-                q, k, v = (lin(h).view(1, n, -1, D).transpose(1, 2) for lin in (L.q, L.k, L.v))  # [1, heads, n, D]
+                q, k, v = (lin(h).view(1, n, -1, D) for lin in (L.q, L.k, L.v))  # [1, n, heads, D]
+                if L.q_norm is not None:
+                    q, k = L.q_norm(q), L.k_norm(k)
+                q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [1, heads, n, D]
                 q, k = rope(q, cos, sin), rope(k, cos, sin)
             self.kv.write(i, write, k, v, meta.write_span)
             if rows is not None:  # a packed batch: every row against its own keys, in one call
-                x = x + L.o(attend_rows(self.kv, i, q[0].transpose(0, 1), rows, L.sliding_window, L.scaling))
+                out = L.o(attend_rows(self.kv, i, q[0].transpose(0, 1), rows, L.sliding_window, L.scaling))
             else:
                 keys, vals = self.kv.gather(i, read, meta.read_span)  # [1, Hkv, T, D]
                 # the same mask the HF path passes (bit-identical attention needs it)
                 mask = None if self.fused and meta.unmasked(L.sliding_window) else meta.mask_for(L.sliding_window)
                 att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask,
                                                      scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
-                x = x + L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
+                out = L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
+            x = x + (out if L.attn_out_norm is None else L.attn_out_norm(out))
             h = L.norm2(x)
             if joined_gate_up is not None:
                 both = joined_gate_up(h)
                 gate, up = both[:, :L.inter], both[:, L.inter:]
             else:
                 gate, up = L.gate(h), L.up(h)
-            x = x + L.down(L.act(gate) * up)
+            out = L.down(L.act(gate) * up)
+            x = x + (out if L.mlp_out_norm is None else L.mlp_out_norm(out))
             if i + 1 in want and i + 1 < top:
                 kept[i + 1] = x
         if top in want:  # the final norm over every row (as HF computes it); the logits rows reuse it
@@ -288,7 +217,10 @@ class LeanRunner(ModelRunner):
             normed = self.final_norm(_select_rows(x, logits_rows))
         if want:
             self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
-        return self.head(normed).float()
+        logits = self.head(normed)
+        if self.softcap is not None:  # HF's order: / cap, tanh, * cap, in the model's dtype
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float()
 
 
 def attend_rows(kv, i: int, q: torch.Tensor, rows, sliding_window, scale) -> torch.Tensor:
@@ -318,8 +250,26 @@ DYNAMIC_ROPE = ("dynamic", "longrope")
 def _static_rope(model) -> bool:
     cfg = model.config.get_text_config()
     rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    return kind not in DYNAMIC_ROPE
+    if not isinstance(rope, dict):
+        return True
+    # one set of parameters, or (Gemma 3) one per layer type
+    sets = list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
+    return all(p.get("rope_type", p.get("type", "default")) not in DYNAMIC_ROPE for p in sets if p)
+
+
+def unsupported(model) -> str | None:
+    """Why the lean loop cannot run `model` (None: it may; the probe still decides)."""
+    name = type(model).__name__
+    if name not in FORMS:
+        return f"architecture {name}"
+    if not _static_rope(model):
+        return "RoPE that changes with the sequence length"
+    cfg = model.config.get_text_config()
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return "attention logit soft-capping"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "bidirectional attention"
+    return None
 
 
 @torch.no_grad()
