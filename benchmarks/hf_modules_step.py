@@ -1,19 +1,21 @@
-"""Gemma 3 (or another target) through the lean loop, through its own HF modules, and HF's generate().
+"""Gemma 3 (or another target) through the compiled step, the lean loop, its own HF modules, and HF's generate().
 
 In one process, per round, each prompt through: HF generate() target-only; specdec with nothing drafted as
-it runs by default (for Gemma 3 and Qwen3 since 2026-12-07 the lean loop, hf/lean.py, with this machine's
-short-block products); and specdec through the target's own HF modules (the lean loop's architecture table
-emptied for the run: what ran Gemma 3 before, with the short-block products of hf/linear.py
-short_block_linears). Every run makes exactly --max-new-tokens tokens (EOS ignored: what is timed is the
-step, not the text). Medians over rounds of tokens/s (all tokens / all seconds of a round), the step each mode
-ran (stats.step), and whether every output equals HF's greedy. Nothing drafts here: past its answer the model
-repeats itself, which would flatter any drafter.
+it runs by default (for Gemma 3 since 2026-12-07 the compiled step: forwards of up to 16 tokens one CPU layer
+kernel call a layer, kernels/cpu_layer.py, where it runs; else the lean loop); the same with
+SPECDEC_COMPILE=0 (the lean loop, hf/lean.py with hf/lean_layer.py's form); and specdec through the target's
+own HF modules (the lean loop's architecture table emptied for the run: what ran Gemma 3 before, with the
+short-block products of hf/linear.py short_block_linears). Every run makes exactly --max-new-tokens tokens
+(EOS ignored: what is timed is the step, not the text). Medians over rounds of tokens/s (all tokens / all
+seconds of a round), the step each mode ran (stats.step), and whether every output equals HF's greedy.
+Nothing drafts here: past its answer the model repeats itself, which would flatter any drafter.
 
     python benchmarks/hf_modules_step.py --out benchmarks/results/hf_modules_step_amd_epyc.md
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -55,19 +57,23 @@ def main() -> None:
 
     steps: dict[str, set] = {}
 
-    def spec(ids, mode: str, lean_loop: bool):
+    def spec(ids, mode: str, lean_loop: bool, compiled: bool = True):
         lean.FORMS.clear()
         lean.FORMS.update(FORMS if lean_loop else {})  # read as each generation makes its runner
+        os.environ["SPECDEC_COMPILE"] = "" if compiled else "0"
         try:
             out = specdec.generate(target, ids, drafter=None, max_new_tokens=n, eos_token_id=None,
                                    do_sample=False, return_dict_in_generate=True)
         finally:
             lean.FORMS.update(FORMS)
+            os.environ["SPECDEC_COMPILE"] = ""
         steps.setdefault(mode, set()).add(out.stats.step)
         return out.sequences
 
     modes = {"HF generate() target-only": hf,
              "specdec nothing drafted (default step)": lambda ids: spec(ids, "specdec nothing drafted (default step)", True),
+             "specdec nothing drafted, lean loop": lambda ids: spec(ids, "specdec nothing drafted, lean loop", True,
+                                                                    compiled=False),
              "specdec nothing drafted, HF modules": lambda ids: spec(ids, "specdec nothing drafted, HF modules", False)}
     for fn in modes.values():  # warm-up
         fn(prompts[0][:, :8])
@@ -86,7 +92,7 @@ def main() -> None:
             f"{statistics.median(rates[m]):.1f} | {statistics.median(rates[m]) / base:.2f} | "
             f"{'yes' if same[m] else 'NO'} |" for m in modes]
     text = "\n".join([
-        "# A target through the lean loop and through its own HF modules", "",
+        "# A target through the compiled step, the lean loop and its own HF modules", "",
         f"`python benchmarks/hf_modules_step.py --target {a.target} --num-prompts {a.num_prompts} "
         f"--max-new-tokens {n} --rounds {a.rounds} --threads {a.threads}`", "",
         f"{a.target} float32, greedy, {n} new tokens, the first {a.num_prompts} prompts of {a.prompts}, {a.rounds} "

@@ -1,6 +1,6 @@
-"""specdec's CPU decoder-layer kernel (kernels/cpu_layer.py): one Llama-family layer of a step to float32
-rounding of its torch reference (HF's modules' arithmetic), bfloat16 rounded where they round; the page
-write; biases and GQA; clear errors naming the weight, written nothing."""
+"""specdec's CPU decoder-layer kernel (kernels/cpu_layer.py): one Llama-family layer of a step (and Qwen3's and
+Gemma 3's forms of it) to float32 rounding of its torch reference (HF's modules' arithmetic), bfloat16 rounded
+where they round; the page write; biases and GQA; clear errors naming the weight, written nothing."""
 import pytest
 import torch
 
@@ -92,7 +92,44 @@ def test_a_given_qkv_input_replaces_the_input_norm(dtype):
         cpu_layer.decoder_layer(**dict(args, qkv_input=None))
 
 
+def _with_form(args, form: str, seed: int):
+    """args given Qwen3's parts (q/k norms) or Gemma 3's (q/k norms, sandwich and (1 + w) norms, GELU tanh)."""
+    g = torch.Generator().manual_seed(seed)
+    dtype, D, H = args["x"].dtype, args["k_pages"].shape[2], args["x"].shape[1]
+    norm = lambda size: (torch.rand(size, generator=g) + 0.5).to(dtype)  # noqa: E731
+    extra = dict(q_norm=norm(D), k_norm=norm(D))
+    if form == "gemma3":
+        extra.update(attn_out_norm=norm(H), mlp_out_norm=norm(H), offset_norms=True, activation="gelu_pytorch_tanh")
+    return dict(args, **extra)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["qwen3", "gemma3"])
+def test_qwen3_and_gemma3_layers_are_their_reference_to_rounding(n, dtype, form):
+    """The parts Qwen3 and Gemma 3 add: the reference's layer to rounding (bfloat16 rounded where HF rounds),
+    and each part changes the result (dropping one is caught)."""
+    args = _with_form(_layer(n, dtype, biases=False, seed=20 + n), form, seed=n)
+    fresh = lambda a: dict(a, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())  # noqa: E731
+    ref = cpu_layer.decoder_layer_ref(**fresh(args))
+    got = cpu_layer.decoder_layer(**fresh(args))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
+    assert torch.allclose(got.float(), ref.float(), **tol)
+    if dtype == torch.bfloat16:
+        assert (got == ref).float().mean() > 0.9
+    parts = [dict(q_norm=None, k_norm=None)]
+    if form == "gemma3":
+        parts += [dict(attn_out_norm=None, mlp_out_norm=None), dict(offset_norms=False), dict(activation="silu")]
+    for part in parts:
+        assert not torch.allclose(cpu_layer.decoder_layer(**fresh(dict(args, **part))).float(), ref.float(), **tol), part
+
+
 @pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(q_norm=torch.ones(16)), "q_norm and k_norm both or neither"),
+    (lambda a: a.update(q_norm=torch.ones(8), k_norm=torch.ones(8)), "q_norm should be \\[16\\]"),
+    (lambda a: a.update(attn_out_norm=torch.ones(96)), "attn_out_norm and mlp_out_norm both or neither"),
+    (lambda a: a.update(activation="relu"), 'activation "silu" or "gelu_pytorch_tanh", got "relu"'),
+
     (lambda a: a["weights"].__setitem__(6, a["weights"][6][:, :10]), "the gate weight should be \\[200, 96\\]"),
     (lambda a: a["weights"].pop(), "9 weights and 3 q/k/v biases"),
     (lambda a: a["weights"].__setitem__(4, a["weights"][4].t().contiguous().t()), "o weight should be contiguous"),

@@ -11,6 +11,10 @@ such a machine (`product_form`) multiplies blocks of up to 16 rows through specd
 (kernels/cpu_rows.py), or without it one or two rows as reductions it vectorises itself (reading each
 weight once for both rows) and 3-16 rows weight-first.
 
+Architectures: the graphs compute Llama-form layers (Llama, Mistral, Qwen2); the layer kernel also Qwen3's
+and Gemma 3's (hf/lean_layer.py's forms), so for those the step is the layer kernel up to 16 tokens and the
+lean loop beyond, and the lean loop throughout where the layer kernel does not run (`covers`).
+
 The layer kernel: where the row kernel multiplies every bucket up to 16 rows and specdec's CPU kernels
 load (`layer_kernel_takes`), forwards of up to 16 tokens skip the graphs: each layer is one call of
 kernels/cpu_layer.py (the same arithmetic, rounded where the graphs round, attention included), so a
@@ -65,7 +69,8 @@ from ..kernels import cpu_attention, cpu_layer, cpu_library, cpu_rows
 from . import packed
 from .attention import specdec_attention
 from .cache import StepMeta
-from .compiled_graphs import ACTIVATIONS, _layer_params, _rms, make_graphs, product_form
+from .compiled_graphs import (_layer_params, activation_of, kernel_layer_args, make_graphs, norm_eps, product_form,
+                              unsupported_reason)
 from .lean import LeanRunner, _select_rows, attend_rows
 from .lean_layer import FORMS, LLAMA
 
@@ -94,30 +99,6 @@ def attention_kernel_takes(weight: torch.Tensor, head_dim: int) -> bool:
 def bucket_for(n: int) -> int | None:
     """The smallest bucket holding n tokens, or None (the lean loop runs it)."""
     return next((b for b in BUCKETS if b >= n), None)
-
-
-def unsupported_reason(model) -> str | None:
-    """Why the compiled step cannot run this model (None: it can). hf/lean.py decides the architecture."""
-    if FORMS.get(type(model).__name__) != LLAMA:
-        return f"{type(model).__name__}'s layers (q/k norms, Gemma's sandwich norms) are not in the graphs or the layer kernel"
-    cfg = model.config.get_text_config()
-    if getattr(cfg, "hidden_act", None) not in ACTIVATIONS:
-        return f"activation {getattr(cfg, 'hidden_act', None)!r}"
-    inner = model.model
-    eps = {inner.norm.variance_epsilon} | {l.input_layernorm.variance_epsilon for l in inner.layers} | \
-          {l.post_attention_layernorm.variance_epsilon for l in inner.layers}
-    if len(eps) != 1:
-        return "norms with different epsilons"
-    for layer in inner.layers:
-        a, m = layer.self_attn, layer.mlp
-        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        if any(type(l) is not nn.Linear for l in linears) or any(l.bias is not None for l in linears[3:]):
-            return "a linear that is not a plain nn.Linear (quantized?), or a bias on o/MLP projections"
-    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
-        return "an LM head that is not a plain bias-free nn.Linear"
-    if next(model.parameters()).dtype not in (torch.float32, torch.bfloat16):
-        return f"dtype {next(model.parameters()).dtype}"
-    return None
 
 
 class CompiledSteps:
@@ -256,17 +237,19 @@ class CompiledRunner(LeanRunner):
         super().__init__(model, pool, table)
         inner = model.model
         self.steps = steps
-        self.params = [_layer_params(layer) for layer in inner.layers]
+        layer_form = FORMS.get(type(model).__name__, LLAMA)
+        # the graphs compute Llama's layers only: other forms (Qwen3, Gemma 3) run the layer kernel, else lean
+        self.graphs_cover = layer_form == LLAMA
+        self.params = [_layer_params(layer) for layer in inner.layers] if self.graphs_cover else []
         self.final_norm_w, self.head_w = inner.norm.weight, model.lm_head.weight
-        self.dims = (self.hq, self.hkv, self.head_dim, inner.norm.variance_epsilon)
-        self.act = model.config.get_text_config().hidden_act
+        self.dims = (self.hq, self.hkv, self.head_dim, norm_eps(inner.norm, layer_form))
+        self.act = activation_of(model.config.get_text_config())
         self.form = product_form(self.head_w)
         # a single sequence's attention through kernels/cpu_attention.py where it builds (and on a CPU)
         self.attention_kernel = attention_kernel_takes(self.head_w, self.head_dim)
         # and whole layers through kernels/cpu_layer.py for forwards of up to cpu_layer.MAX_ROWS tokens
         self.layer_kernel = layer_kernel_takes(self.form, self.attention_kernel)
-        self.layer_weights = [tuple(p[j] for j in (0, 1, 3, 5, 7, 8, 9, 10, 11)) for p in self.params]
-        self.layer_biases = [(p[2], p[4], p[6]) for p in self.params]
+        self.layer_args = [kernel_layer_args(layer, layer_form, self.act) for layer in inner.layers]
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     def block_mask_batch(self, n: int) -> bool:
@@ -277,6 +260,10 @@ class CompiledRunner(LeanRunner):
     def layer_kernel_runs(self, n: int) -> bool:
         """Does a forward of n tokens go through kernels/cpu_layer.py (else the graphs)?"""
         return self.layer_kernel and n <= cpu_layer.MAX_ROWS
+
+    def covers(self, bucket: int) -> bool:
+        """Does this step run forwards of this bucket (the graphs or the layer kernel), else the lean loop?"""
+        return self.graphs_cover or self.layer_kernel_runs(bucket)
 
     @classmethod
     def for_model(cls, model, pool: PagePool, table: BlockTable) -> "CompiledRunner | None":
@@ -289,7 +276,12 @@ class CompiledRunner(LeanRunner):
         if reason is not None:
             log.info("compiled step: %s not compiled (%s); the lean loop runs it", type(model).__name__, reason)
             return None
-        return cls(model, pool, table, steps_for(model))
+        runner = cls(model, pool, table, steps_for(model))
+        if not runner.covers(1):
+            log.info("compiled step: %s's layers run only through the CPU layer kernel, which does not run here; "
+                     "the lean loop runs it", type(model).__name__)
+            return None
+        return runner
 
     def prepare(self, max_tokens: int, background: bool = False) -> None:
         """Compile and check every bucket a forward of up to max_tokens tokens uses (a generation's
@@ -300,7 +292,8 @@ class CompiledRunner(LeanRunner):
         until a bucket is compiled and checked, every runner of the model runs its forwards through the lean
         loop (exact either way): a chat or a server is ready before its graphs are (SpecModel.warm_up)."""
         top = bucket_for(min(max(max_tokens, 1), BUCKETS[-1]))
-        todo = [b for b in BUCKETS if b <= top and b not in self.steps.checked and b not in self.steps.failed]
+        todo = [b for b in BUCKETS if b <= top and self.covers(b) and b not in self.steps.checked
+                and b not in self.steps.failed]
         if not todo or self.steps.compiling_elsewhere():
             return
         if background:
@@ -338,7 +331,7 @@ class CompiledRunner(LeanRunner):
     def run_meta(self, x: torch.Tensor, meta: StepMeta, need: int, logits_rows, first: int = 0) -> torch.Tensor:
         n = x.shape[0]
         bucket = bucket_for(n)
-        if bucket is None or first != 0 or bucket in self.steps.failed:
+        if bucket is None or first != 0 or bucket in self.steps.failed or not self.covers(bucket):
             return super().run_meta(x, meta, need, logits_rows, first)
         if bucket not in self.steps.checked:
             if self.steps.compiling_elsewhere():  # not ready yet: the lean loop, rather than wait for it
@@ -419,25 +412,27 @@ class CompiledRunner(LeanRunner):
         """The forward as one kernels/cpu_layer.py call a layer (no padding to the bucket: the kernel takes any
         row count; a packed batch attends over its block-diagonal mask), then the final norm and the LM
         head's rows through the row kernel."""
-        cos, sin = self._rope(meta.q_pos, x.dtype, need)  # [n, D]
+        ropes = {key: self._rope(meta.q_pos, x.dtype, need, key) for key in self._rope_params}  # [n, D] each
         Hq, Hkv, D, eps = self.dims
         want, top = set(self.capture), len(self.layers)
         kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             mask = None if meta.unmasked(layer.sliding_window) else meta.mask_for(layer.sliding_window)
             k_pages, v_pages = self.kv.pages(i, Hkv, D, x.dtype)
-            x = cpu_layer.decoder_layer(x, self.layer_weights[i], self.layer_biases[i], cos, sin, k_pages, v_pages,
-                                        meta.write_slots, meta.read_slots, mask, layer.scaling, eps, Hq, Hkv)
+            weights, biases, extras = self.layer_args[i]
+            cos, sin = ropes[layer.rope_key]
+            x = cpu_layer.decoder_layer(x, weights, biases, cos, sin, k_pages, v_pages, meta.write_slots,
+                                        meta.read_slots, mask, layer.scaling, eps, Hq, Hkv, **extras)
             if i + 1 in want and i + 1 < top:
                 kept[i + 1] = x
         if top in want:
-            kept[top] = _rms(x, self.final_norm_w, eps)
+            kept[top] = self.final_norm(x)
             normed = _select_rows(kept[top], logits_rows)
         else:
-            normed = _rms(_select_rows(x, logits_rows), self.final_norm_w, eps)
+            normed = self.final_norm(_select_rows(x, logits_rows))
         if want:
             self.last_features = torch.cat([kept[layer] for layer in self.capture], dim=-1)
-        return cpu_rows.rows_linear(normed, self.head_w).float()
+        return self.capped(cpu_rows.rows_linear(normed, self.head_w))
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: StepMeta) -> torch.Tensor:
         """Layer i's attention, eager: q [n, Hq, D], k, v [n, Hkv, D] -> [n, Hq * D]; writes k, v to the pages.

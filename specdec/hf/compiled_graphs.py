@@ -4,7 +4,9 @@ arithmetic between attentions, each weight product in the form this machine mult
 `_pre` (input norm, q/k/v, RoPE), `_post` (o projection, residual, norm, MLP, residual), `_mid` (a layer's
 _post fused with the next layer's _pre) and `_last` (the last layer's _post, the final norm, the LM head);
 `make_graphs` compiles one set. The same layer runs as one C++ call in kernels/cpu_layer.py where that
-kernel runs (hf/compiled.py's layer_kernel_takes).
+kernel runs (hf/compiled.py's layer_kernel_takes); `kernel_layer_args` gathers a layer's tensors for it,
+in any of hf/lean_layer.py's forms (the graphs cover Llama's alone: Qwen3 and Gemma 3 only through the
+kernel), and `unsupported_reason` says what neither covers.
 
 Shapes: x, the hidden states [B, H] (B the bucket); q [B, Hq, D], k and v [B, Hkv, D]; att [B, Hq * D];
 cos, sin [B, 1, D]; logits [B, V] float32; p, a layer's 12 tensors (_layer_params).
@@ -14,11 +16,12 @@ from __future__ import annotations
 import types
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels import cpu_rows
+from ..kernels import cpu_layer, cpu_rows
 from . import linear
-from .lean_layer import rope
+from .lean_layer import FORMS, LLAMA, LayerForm, rope
 
 # how a block's products multiply, by its rows: (most rows through specdec's row kernel, most rows as
 # inductor reductions, most rows weight-first). Where MKL's own short-block products are slow (the
@@ -111,3 +114,66 @@ def make_graphs(tag: int) -> dict:
         fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
         graphs[name] = torch.compile(fresh, dynamic=False, fullgraph=True)
     return graphs
+
+
+def activation_of(cfg) -> str | None:
+    """The MLP's activation name (Gemma's configs call it hidden_activation)."""
+    return getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None)
+
+
+def norm_eps(norm: nn.Module, form: LayerForm) -> float:
+    """An RMSNorm's epsilon: Gemma's norms keep it as eps, Llama's as variance_epsilon."""
+    return norm.eps if form.offset_norms else norm.variance_epsilon
+
+
+def _norms(layer, form: LayerForm) -> list:
+    """Every RMSNorm of a decoder layer of this form."""
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if form.qk_norms:
+        norms += [layer.self_attn.q_norm, layer.self_attn.k_norm]
+    if form.sandwich:
+        norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
+    return norms
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the compiled step cannot run this model (None: it can). hf/lean.py decides the architecture; a
+    form other than Llama's runs only where the layer kernel does (hf/compiled.py checks that)."""
+    form = FORMS.get(type(model).__name__, LLAMA)
+    cfg = model.config.get_text_config()
+    act = activation_of(cfg)
+    if act not in (ACTIVATIONS if form == LLAMA else cpu_layer.ACTIVATIONS):
+        return f"activation {act!r}"
+    inner = model.model
+    eps = {norm_eps(inner.norm, form)} | {norm_eps(n, form) for layer in inner.layers for n in _norms(layer, form)}
+    if len(eps) != 1:
+        return "norms with different epsilons"
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        if any(type(l) is not nn.Linear for l in linears) or any(l.bias is not None for l in linears[3:]):
+            return "a linear that is not a plain nn.Linear (quantized?), or a bias on o/MLP projections"
+    if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
+        return "an LM head that is not a plain bias-free nn.Linear"
+    if next(model.parameters()).dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {next(model.parameters()).dtype}"
+    return None
+
+
+def kernel_layer_args(layer, form: LayerForm, activation: str) -> tuple[tuple, tuple, dict]:
+    """A decoder layer's tensors as kernels/cpu_layer.py's decoder_layer takes them: its 9 weights (the MLP's
+    input norm: Gemma's pre-feedforward norm, else the post-attention one), its q/k/v biases (None where
+    absent) and the keyword arguments of its form (q/k norms, sandwich norms, (1 + w) norms, activation)."""
+    a, m = layer.self_attn, layer.mlp
+    mlp_norm = layer.pre_feedforward_layernorm if form.sandwich else layer.post_attention_layernorm
+    weights = (layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight,
+               mlp_norm.weight, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+    extras: dict = {}
+    if form.qk_norms:
+        extras.update(q_norm=a.q_norm.weight, k_norm=a.k_norm.weight)
+    if form.sandwich:
+        extras.update(attn_out_norm=layer.post_attention_layernorm.weight,
+                      mlp_out_norm=layer.post_feedforward_layernorm.weight)
+    if form != LLAMA:
+        extras.update(offset_norms=form.offset_norms, activation=activation)
+    return weights, (a.q_proj.bias, a.k_proj.bias, a.v_proj.bias), extras

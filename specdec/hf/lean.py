@@ -217,8 +217,12 @@ class LeanRunner(ModelRunner):
             normed = self.final_norm(_select_rows(x, logits_rows))
         if want:
             self.last_features = torch.cat([kept[l] for l in self.capture], dim=-1)
-        logits = self.head(normed)
-        if self.softcap is not None:  # HF's order: / cap, tanh, * cap, in the model's dtype
+        return self.capped(self.head(normed))
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [r, V] in the model's dtype -> float32, through the final soft-cap where the config sets one
+        (HF's order: / cap, tanh, * cap, in the model's dtype)."""
+        if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float()
 

@@ -1,6 +1,8 @@
 // One Llama-family decoder layer over the 1 to 16 tokens of a decode or verification step, in one call, on x86
 // CPUs with AVX2 + FMA: input norm, q / k / v (+ biases), RoPE, the KV page write and attention, o, residual,
-// post-attention norm, gate / up, SiLU x up, down, residual.
+// post-attention norm, gate / up, SiLU x up, down, residual. Optionally the parts Qwen3 and Gemma 3 add
+// (hf/lean_layer.py LayerForm): per-head q / k norms before RoPE, Gemma's sandwich norms (the attention's and
+// the MLP's outputs normed before their residual adds), Gemma's (1 + w) norms, GELU (tanh) for SiLU.
 //
 // Why (specdec/kernels/cpu_layer.py has the measurements): the compiled step (hf/compiled.py) ran a layer as
 // an inductor graph plus the attention kernel between graphs; with the products already at the memory's
@@ -20,6 +22,8 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_attention.h"
@@ -51,9 +55,11 @@ void add_rounded(float* x, const float* y, int64_t count) {
   for (; j < count; j++) x[j] = rnd<T>(x[j] + y[j]);
 }
 
-// out [n, H] = w * (x / rms(x)) row by row, HF's RMSNorm: the normalised row rounded to T, then times w
+// out [n, H] = w * (x / rms(x)) row by row, HF's RMSNorm: the normalised row rounded to T, then times w;
+// offset (Gemma's norm): (x / rms(x)) * (1 + w) in float32, rounded once. out may be x.
 template <typename T>
-void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, float eps) {
+void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, float eps, bool offset = false) {
+  const __m256 one = _mm256_set1_ps(1.f);
   for (int64_t i = 0; i < n; i++) {
     const float* xi = x + i * H;
     float ss = 0.f;
@@ -62,10 +68,14 @@ void rms_norm(const float* x, const T* w, float* out, int64_t n, int64_t H, floa
     const __m256 rv = _mm256_set1_ps(r);
     int64_t j = 0;
     for (; j + 8 <= H; j += 8) {
-      const __m256 normed = specdec_cpu::round8<T>(_mm256_mul_ps(_mm256_loadu_ps(xi + j), rv));
-      _mm256_storeu_ps(out + i * H + j, specdec_cpu::round8<T>(_mm256_mul_ps(specdec_cpu::load8(w + j), normed)));
+      const __m256 xr = _mm256_mul_ps(_mm256_loadu_ps(xi + j), rv);
+      const __m256 y = offset ? _mm256_mul_ps(xr, _mm256_add_ps(one, specdec_cpu::load8(w + j)))
+                              : _mm256_mul_ps(specdec_cpu::load8(w + j), specdec_cpu::round8<T>(xr));
+      _mm256_storeu_ps(out + i * H + j, specdec_cpu::round8<T>(y));
     }
-    for (; j < H; j++) out[i * H + j] = rnd<T>(specdec_cpu::widen(w[j]) * rnd<T>(xi[j] * r));
+    for (; j < H; j++)
+      out[i * H + j] = offset ? rnd<T>(xi[j] * r * (1.f + specdec_cpu::widen(w[j])))
+                              : rnd<T>(specdec_cpu::widen(w[j]) * rnd<T>(xi[j] * r));
   }
 }
 
@@ -134,16 +144,55 @@ void silu_times(float* g, const float* u, int64_t m) {
   for (; j < m; j++) g[j] = rnd<T>(rnd<T>(g[j] / (1.f + std::exp(-g[j]))) * u[j]);
 }
 
+// g [m] = gelu_tanh(g) * u, each rounded to T (torch's GELU, approximate="tanh":
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), tanh(y) as 1 - 2 / (e^2y + 1))
+template <typename T>
+void gelu_tanh_times(float* g, const float* u, int64_t m) {
+  using specdec_cpu::round8;
+  constexpr float beta = 0.7978845608028654f, kappa = 0.044715f;
+  const __m256 b = _mm256_set1_ps(beta), c = _mm256_set1_ps(kappa), one = _mm256_set1_ps(1.f),
+               two = _mm256_set1_ps(2.f), half = _mm256_set1_ps(0.5f);
+  int64_t j = 0;
+  for (; j + 8 <= m; j += 8) {
+    const __m256 xv = _mm256_loadu_ps(g + j);
+    const __m256 inner = _mm256_mul_ps(b, _mm256_fmadd_ps(_mm256_mul_ps(c, xv), _mm256_mul_ps(xv, xv), xv));
+    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(specdec_cpu::exp8(_mm256_mul_ps(two, inner)), one)));
+    const __m256 act = round8<T>(_mm256_mul_ps(_mm256_mul_ps(half, xv), _mm256_add_ps(one, t)));
+    _mm256_storeu_ps(g + j, round8<T>(_mm256_mul_ps(act, _mm256_loadu_ps(u + j))));
+  }
+  for (; j < m; j++) {
+    const float x = g[j];
+    g[j] = rnd<T>(rnd<T>(0.5f * x * (1.f + std::tanh(beta * (x + kappa * x * x * x)))) * u[j]);
+  }
+}
+
+// What a layer does beyond Llama's (null / false: nothing): per-head q / k norms [D] before RoPE; Gemma's
+// sandwich norms [H] over the attention's and the MLP's outputs before their residual adds; every norm
+// Gemma's (1 + w) form; GELU (tanh) for SiLU
+template <typename T>
+struct Extras {
+  const T* q_norm = nullptr;
+  const T* k_norm = nullptr;
+  const T* attn_out_norm = nullptr;
+  const T* mlp_out_norm = nullptr;
+  bool offset = false;
+  bool gelu_tanh = false;
+};
+
 template <typename T>
 void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::optional<at::Tensor>>& bias,
            const T* cos, const T* sin, T* k_pages, T* v_pages, const int64_t* write, const int64_t* read,
            const bool* mask, int64_t n, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, float scale, float eps,
-           const float* qkv_in) {
+           const float* qkv_in, const Extras<T>& ex) {
   const int64_t H = w[4].size(0), I = w[6].size(0), row = Hkv * D;
   std::vector<float> h(n * H), q(n * Hq * D), k(n * row), v(n * row), att(n * Hq * D), g(n * I), u(n * I), o(n * H);
-  if (!qkv_in) rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps);
+  if (!qkv_in) rms_norm(x, w[0].data_ptr<T>(), h.data(), n, H, eps, ex.offset);
   linears<T>(qkv_in ? qkv_in : h.data(), {&w[1], &w[2], &w[3]}, {&bias[0], &bias[1], &bias[2]},
              {q.data(), k.data(), v.data()}, n);
+  if (ex.q_norm) {
+    rms_norm(q.data(), ex.q_norm, q.data(), n * Hq, D, eps, ex.offset);
+    rms_norm(k.data(), ex.k_norm, k.data(), n * Hkv, D, eps, ex.offset);
+  }
   rope(q.data(), cos, sin, n, Hq, D);
   rope(k.data(), cos, sin, n, Hkv, D);
   specdec_cpu::write_slots(k_pages, k.data(), write, n, row);
@@ -151,11 +200,16 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
   specdec_cpu::attend_all(q.data(), k_pages, v_pages, read, mask, scale, att.data(), n, Hq, Hkv, D, Tk);
   round_all<T>(att.data(), n * Hq * D);
   linears<T>(att.data(), {&w[4]}, {}, {o.data()}, n);
+  if (ex.attn_out_norm) rms_norm(o.data(), ex.attn_out_norm, o.data(), n, H, eps, ex.offset);
   add_rounded<T>(x, o.data(), n * H);
-  rms_norm(x, w[5].data_ptr<T>(), h.data(), n, H, eps);
+  rms_norm(x, w[5].data_ptr<T>(), h.data(), n, H, eps, ex.offset);
   linears<T>(h.data(), {&w[6], &w[7]}, {}, {g.data(), u.data()}, n);
-  silu_times<T>(g.data(), u.data(), n * I);
+  if (ex.gelu_tanh)
+    gelu_tanh_times<T>(g.data(), u.data(), n * I);
+  else
+    silu_times<T>(g.data(), u.data(), n * I);
   linears<T>(g.data(), {&w[8]}, {}, {o.data()}, n);
+  if (ex.mlp_out_norm) rms_norm(o.data(), ex.mlp_out_norm, o.data(), n, H, eps, ex.offset);
   add_rounded<T>(x, o.data(), n * H);
 }
 
@@ -165,12 +219,18 @@ void layer(float* x, const std::vector<at::Tensor>& w, const std::vector<std::op
 // values at write_slots [n]; the queries read read_slots [T] under mask [n, T] (None: every key).
 // qkv_input [n, K] or None: what q, k and v multiply, given by the caller (EAGLE-3's midlayer: its embedding
 // and hidden normalised side by side, K = 2H; the input norm is then not applied); None: the input norm of x
-// (K = H).
+// (K = H). q_norm, k_norm [D] (both or neither): per-head norms of q and k before RoPE (Qwen3, Gemma 3);
+// attn_out_norm, mlp_out_norm [H] (both or neither): Gemma's sandwich norms, the post-attention weight then
+// being the pre-feedforward norm; offset_norms: every norm Gemma's (1 + w) form; activation "silu" or
+// "gelu_pytorch_tanh".
 at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayRef<std::optional<at::Tensor>> qkv_bias,
                          const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_pages, at::Tensor& v_pages,
                          const at::Tensor& write_slots, const at::Tensor& read_slots,
                          const std::optional<at::Tensor>& mask, double scale, double eps, int64_t heads,
-                         int64_t kv_heads, const std::optional<at::Tensor>& qkv_input) {
+                         int64_t kv_heads, const std::optional<at::Tensor>& qkv_input,
+                         const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                         const std::optional<at::Tensor>& attn_out_norm, const std::optional<at::Tensor>& mlp_out_norm,
+                         bool offset_norms, c10::string_view activation) {
   const char* op = "decoder_layer";
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, op, ": x [n, H] on the CPU, got ", x.sizes());
   TORCH_CHECK(weights.size() == 9 && qkv_bias.size() == 3, op, ": 9 weights and 3 q/k/v biases, got ",
@@ -197,6 +257,18 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
       TORCH_CHECK(qkv_bias[j]->numel() == weights[1 + j].size(0) && qkv_bias[j]->scalar_type() == dt &&
                       qkv_bias[j]->is_contiguous(), op, ": the ", names[1 + j], " bias should be [",
                   weights[1 + j].size(0), "] of x's dtype");
+  TORCH_CHECK(activation == "silu" || activation == "gelu_pytorch_tanh", op,
+              ": activation \"silu\" or \"gelu_pytorch_tanh\", got \"", std::string(activation), "\"");
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value() && attn_out_norm.has_value() == mlp_out_norm.has_value(), op,
+              ": q_norm and k_norm both or neither, attn_out_norm and mlp_out_norm both or neither");
+  const std::pair<const std::optional<at::Tensor>*, std::pair<const char*, int64_t>> norms[] = {
+      {&q_norm, {"q_norm", D}}, {&k_norm, {"k_norm", D}}, {&attn_out_norm, {"attn_out_norm", H}},
+      {&mlp_out_norm, {"mlp_out_norm", H}}};
+  for (const auto& [t, what] : norms)
+    if (t->has_value())
+      TORCH_CHECK((*t)->sizes() == at::IntArrayRef({what.second}) && (*t)->scalar_type() == dt &&
+                      (*t)->is_contiguous(), op, ": ", what.first, " should be [", what.second,
+                  "], contiguous, of x's dtype, got ", (*t)->sizes());
   TORCH_CHECK(cos.sizes() == at::IntArrayRef({n, D}) && sin.sizes() == cos.sizes() && cos.scalar_type() == dt &&
                   sin.scalar_type() == dt, op, ": cos, sin [n, D] of x's dtype, got ", cos.sizes());
   specdec_cpu::check_pages(op, k_pages, v_pages, write_slots, read_slots, mask, n, D, dt);
@@ -216,9 +288,12 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
       const at::Tensor hc = qkv_input->contiguous();
       for (int64_t j = 0; j < n * K; j++) hf[j] = specdec_cpu::widen(hc.data_ptr<T>()[j]);
     }
+    auto ptr = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr<T>() : nullptr; };
+    const Extras<T> ex{ptr(q_norm), ptr(k_norm), ptr(attn_out_norm), ptr(mlp_out_norm), offset_norms,
+                       activation == "gelu_pytorch_tanh"};
     layer<T>(xf.data(), w, b, cc.data_ptr<T>(), sc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(),
              ws.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), mask.has_value() ? mc.data_ptr<bool>() : nullptr, n,
-             read_slots.numel(), heads, kv_heads, D, float(scale), float(eps), hf.empty() ? nullptr : hf.data());
+             read_slots.numel(), heads, kv_heads, D, float(scale), float(eps), hf.empty() ? nullptr : hf.data(), ex);
     for (int64_t j = 0; j < n * H; j++) out.data_ptr<T>()[j] = T(xf[j]);
   };
   specdec_cpu::with_float_type(dt, run);
@@ -230,6 +305,7 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
   m.def("decoder_layer(Tensor x, Tensor[] weights, Tensor?[] qkv_bias, Tensor cos, Tensor sin, Tensor(a!) k_pages, "
         "Tensor(b!) v_pages, Tensor write_slots, Tensor read_slots, Tensor? mask, float scale, float eps, int heads, "
-        "int kv_heads, Tensor? qkv_input=None) -> Tensor");
+        "int kv_heads, Tensor? qkv_input=None, Tensor? q_norm=None, Tensor? k_norm=None, Tensor? attn_out_norm=None, "
+        "Tensor? mlp_out_norm=None, bool offset_norms=False, str activation=\"silu\") -> Tensor");
 }
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("decoder_layer", &decoder_layer); }

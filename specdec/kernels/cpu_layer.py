@@ -1,6 +1,7 @@
 """One Llama-family decoder layer of a decode or verification step (1 to 16 tokens) in one call, on x86 CPUs
 with AVX2 and FMA (cpu_layer.cpp): norm, q/k/v, RoPE, the KV page write and attention, o, residual, norm,
-SwiGLU MLP, residual.
+SwiGLU MLP, residual; with the parts Qwen3 and Gemma 3 add where asked (per-head q/k norms, Gemma's sandwich
+and (1 + w) norms, GELU (tanh)).
 
 Why: with the step's products at the memory's pace (cpu_rows.py) and its attention one call
 (cpu_attention.py), the compiled step (hf/compiled.py) still paid per layer for the machinery around them:
@@ -18,7 +19,10 @@ Shapes: x [n, H] float32 or bfloat16; weights (9, x's dtype, contiguous): input 
 k, v [Hkv * D, K], o [H, Hq * D], post-attention norm [H], gate, up [I, H], down [H, I]; qkv_bias: three
 of [out] or None; cos, sin [n, D] (hf/lean.py's table: sin's first half negated); k_pages, v_pages
 [S, Hkv, D]; write_slots [n], read_slots [T] int64; mask [n, T] bool or None; qkv_input [n, K] or None
-(what q, k, v multiply instead of the input norm of x: EAGLE-3's midlayer, K = 2H) -> [n, H].
+(what q, k, v multiply instead of the input norm of x: EAGLE-3's midlayer, K = 2H); q_norm, k_norm [D] or
+None (both or neither); attn_out_norm, mlp_out_norm [H] or None (both or neither: Gemma's sandwich, the
+post-attention weight then the pre-feedforward norm); offset_norms (Gemma's (1 + w) norms); activation
+"silu" or "gelu_pytorch_tanh" -> [n, H].
 """
 from __future__ import annotations
 
@@ -31,27 +35,39 @@ MAX_ROWS = cpu_rows.MAX_ROWS  # the row kernel's reach: longer forwards take the
 
 
 def decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale: float,
-                  eps: float, heads: int, kv_heads: int, qkv_input=None) -> torch.Tensor:
+                  eps: float, heads: int, kv_heads: int, qkv_input=None, q_norm=None, k_norm=None,
+                  attn_out_norm=None, mlp_out_norm=None, offset_norms: bool = False,
+                  activation: str = "silu") -> torch.Tensor:
     """The layer (module docstring; call cpu_library.load() first)."""
     return torch.ops.specdec_cpu.decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots,
-                                               read_slots, mask, scale, eps, heads, kv_heads, qkv_input)
+                                               read_slots, mask, scale, eps, heads, kv_heads, qkv_input, q_norm,
+                                               k_norm, attn_out_norm, mlp_out_norm, offset_norms, activation)
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
     h = x.float()
-    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + w.float())).to(x.dtype) if offset else w * h.to(x.dtype)
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}
 
 
 def decoder_layer_ref(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots, read_slots, mask, scale,
-                      eps, heads, kv_heads, qkv_input=None) -> torch.Tensor:
+                      eps, heads, kv_heads, qkv_input=None, q_norm=None, k_norm=None, attn_out_norm=None,
+                      mlp_out_norm=None, offset_norms: bool = False, activation: str = "silu") -> torch.Tensor:
     """The kernel's reference in torch, HF's modules' arithmetic (the attention: cpu_attention's reference)."""
     n_in, wq, wk, wv, wo, n_post, wg, wu, wd = weights
     D = k_pages.shape[2]
-    h = _rms(x, n_in, eps) if qkv_input is None else qkv_input
+    h = _rms(x, n_in, eps, offset_norms) if qkv_input is None else qkv_input
     q, k, v = (F.linear(h, w, b).view(x.shape[0], -1, D) for w, b in zip((wq, wk, wv), qkv_bias))
+    if q_norm is not None:
+        q, k = _rms(q, q_norm, eps, offset_norms), _rms(k, k_norm, eps, offset_norms)
     c, s = cos[:, None], sin[:, None]
     q, k = (t * c + t.roll(D // 2, -1) * s for t in (q, k))
     att = cpu_attention.attend_pages_ref(q, k, v, k_pages, v_pages, write_slots, read_slots, mask, scale)
-    x = x + F.linear(att, wo)
-    h = _rms(x, n_post, eps)
-    return x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+    out = F.linear(att, wo)
+    x = x + (out if attn_out_norm is None else _rms(out, attn_out_norm, eps, offset_norms))
+    h = _rms(x, n_post, eps, offset_norms)
+    out = F.linear(ACTIVATIONS[activation](F.linear(h, wg)) * F.linear(h, wu), wd)
+    return x + (out if mlp_out_norm is None else _rms(out, mlp_out_norm, eps, offset_norms))
