@@ -283,10 +283,12 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
   auto run = [&](auto zero) {
     using T = decltype(zero);
     const at::Tensor xc = x.contiguous();
-    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xc.data_ptr<T>()[j]);
+    const T* xp = xc.data_ptr<T>();  // (data_ptr checks the tensor on every call: once, not per element)
+    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xp[j]);
     if (qkv_input.has_value()) {
       const at::Tensor hc = qkv_input->contiguous();
-      for (int64_t j = 0; j < n * K; j++) hf[j] = specdec_cpu::widen(hc.data_ptr<T>()[j]);
+      const T* hp = hc.data_ptr<T>();
+      for (int64_t j = 0; j < n * K; j++) hf[j] = specdec_cpu::widen(hp[j]);
     }
     auto ptr = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr<T>() : nullptr; };
     const Extras<T> ex{ptr(q_norm), ptr(k_norm), ptr(attn_out_norm), ptr(mlp_out_norm), offset_norms,
@@ -294,7 +296,8 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
     layer<T>(xf.data(), w, b, cc.data_ptr<T>(), sc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(),
              ws.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), mask.has_value() ? mc.data_ptr<bool>() : nullptr, n,
              read_slots.numel(), heads, kv_heads, D, float(scale), float(eps), hf.empty() ? nullptr : hf.data(), ex);
-    for (int64_t j = 0; j < n * H; j++) out.data_ptr<T>()[j] = T(xf[j]);
+    T* op = out.data_ptr<T>();
+    for (int64_t j = 0; j < n * H; j++) op[j] = T(xf[j]);
   };
   specdec_cpu::with_float_type(dt, run);
   return out;
