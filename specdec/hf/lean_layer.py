@@ -41,6 +41,7 @@ FORMS = {"LlamaForCausalLM": LLAMA, "MistralForCausalLM": LLAMA, "Qwen2ForCausal
          "Qwen3ForCausalLM": LayerForm(qk_norms=True),
          "Gemma3ForCausalLM": LayerForm(qk_norms=True, sandwich=True, offset_norms=True, rope_per_layer_type=True)}
 
+
 def bound_module_linear(m: nn.Module, short_blocks: bool, packed: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """A linear's forward without the module call: x [n, in] -> [n, out]. Holds references to the module's
     weights (plus a packed copy where hf/packed.py's path is on). short_blocks: multiply short blocks
