@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.hf import compiled, packed
+from specdec.hf import compiled, compiled_steps, packed
 from specdec.kernels import cpu_library, cpu_rows
 from specdec.hf.compiled import BUCKETS, CompiledRunner, auto_compiles, bucket_for, steps_for
 
@@ -219,8 +219,8 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch, graphs_only):
     def broken(*args, **kwargs):
         raise RuntimeError("inductor could not build its C++ (test)")
 
-    real = compiled.make_graphs
-    monkeypatch.setattr(compiled, "make_graphs", lambda tag: dict(real(tag), pre=broken))
+    real = compiled_steps.make_graphs
+    monkeypatch.setattr(compiled_steps, "make_graphs", lambda tag: dict(real(tag), pre=broken))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         seq, stats = _spec(model, PROMPT, drafter=model, draft_length=3, max_new_tokens=30)
@@ -235,7 +235,7 @@ def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch, graphs
     """Graphs that compile but compute something else (here: logits shifted by a token) fail their
     bucket's check against the lean loop; the output stays the target's."""
     model = build("llama", seed=4, scale=3.0)
-    real = compiled.make_graphs
+    real = compiled_steps.make_graphs
 
     def with_shifted_logits(tag):
         graphs = real(tag)
@@ -247,7 +247,7 @@ def test_a_wrong_compiled_result_is_caught_and_never_emitted(monkeypatch, graphs
 
         return dict(graphs, last=shifted)
 
-    monkeypatch.setattr(compiled, "make_graphs", with_shifted_logits)
+    monkeypatch.setattr(compiled_steps, "make_graphs", with_shifted_logits)
     with pytest.warns(RuntimeWarning, match="check against the lean loop failed"):
         seq, _ = _spec(model, PROMPT, max_new_tokens=20)
     assert torch.equal(seq, hf_greedy(model, PROMPT, 20))
