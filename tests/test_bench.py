@@ -44,6 +44,32 @@ def test_bench_writes_json_and_markdown_with_every_mode(tmp_path):
     assert "Best feature-head mode" in out.with_suffix(".md").read_text()
 
 
+def test_the_ideal_and_c_are_measured_against_specdecs_own_step():
+    """A runtime twice HF's speed with nothing drafted must not count as speculation: a drafted mode's c and
+    `% of ideal` divide by specdec plain's step, not HF target-only's (which once read 190-400 %)."""
+    from types import SimpleNamespace
+
+    from specdec.cli.bench import ModeResult, summarise
+    from specdec.policy import ideal_speedup
+
+    def mode(name, rate, stats=()):
+        return ModeResult(name, tokens_per_s=[rate], tokens=[100], seconds=[100 / rate], stats=list(stats))
+
+    step = SimpleNamespace(alpha=0.6, drafted_tokens=300, target_forwards=100, draft_s=0.3, acceptance_rate=0.6,
+                           mean_accepted_length=2.0, ttft_s=0.1, tpot_s=0.02, prefill_s=0.1, decode_s=2.0,
+                           verify_s=1.7, step="compiled")
+    results = {"target-only": mode("target-only", 10.0), "specdec plain": mode("specdec plain", 20.0),
+               "specdec k=3": mode("specdec k=3", 30.0, [step])}
+    row = summarise(results, [3], greedy=True)["modes"]["specdec k=3"]
+    c = (0.3 / 300) * 20.0  # a drafted token's time over specdec plain's time per token (1 / 20 s)
+    assert row["c"] == pytest.approx(c)
+    assert row["fraction_of_ideal"] == pytest.approx((30.0 / 20.0) / ideal_speedup(0.6, 3, c))
+    assert row["speedup"] == pytest.approx(3.0)  # the headline speedup stays against HF target-only
+    del results["specdec plain"]  # where plain did not run: against target-only, as before
+    row = summarise(results, [3], greedy=True)["modes"]["specdec k=3"]
+    assert row["fraction_of_ideal"] == pytest.approx(3.0 / ideal_speedup(0.6, 3, (0.3 / 300) * 10.0))
+
+
 def test_select_draft_ranks_drafts_and_draws_plots(tmp_path):
     main(["select-draft", "--drafts", "draft-tiny", "draft-wide", "--num-prompts", "1", "--max-k", "2",
           "--max-new-tokens", "8", "--out", str(tmp_path), "--threads", "1"])

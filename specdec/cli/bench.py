@@ -7,7 +7,8 @@ Per mode: tokens/s (median, min-max), speedup vs target-only (of the medians, an
 set's throughput: all tokens over all seconds, where prompts that repeat themselves weigh in), vs HF
 assisted at its best setting,
 alpha, tau, mean draft length, TTFT, TPOT, prefill and decode time, peak memory, and the fraction of
-the ideal speedup S = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)) reached from measured alpha and c.
+the ideal speedup S = (1 - alpha^(k+1)) / ((1 - alpha)(1 + k c)) reached from measured alpha and c (both
+the speedup and c against specdec's own step with nothing drafted, `specdec plain`).
 Greedy modes are checked token for token against target-only output; a mismatch is reported loudly.
 Beside TPOT stands the physical limit of a plain decode step on this machine: the bytes of weights one
 step reads over the fastest memory bandwidth measured in the same run (copy, streaming read, matrix-vector).
@@ -213,7 +214,10 @@ def summarise(results: dict, k, greedy: bool) -> dict:
     total = lambda r: sum(r.tokens) / sum(r.seconds)  # noqa: E731 - the whole prompt set's throughput
     hf_best = max((statistics.median(r.tokens_per_s) for n, r in results.items() if n.startswith("HF assisted")),
                   default=None)
-    base_tpot = 1.0 / base
+    # speculation is measured against the target's own step as specdec runs it (specdec plain: no drafting),
+    # not HF's slower one, so c and `% of ideal` are the draft's alone (target-only where plain did not run)
+    step_rate = statistics.median(results["specdec plain"].tokens_per_s) if "specdec plain" in results else base
+    step_tpot = 1.0 / step_rate
     out = {"k": k, "greedy": greedy, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "modes": {}}
     for name, res in results.items():
@@ -228,14 +232,14 @@ def summarise(results: dict, k, greedy: bool) -> dict:
             alpha = mean(lambda s: s.alpha)
             drafted = sum(s.drafted_tokens for s in st)
             k_used = drafted / max(1, sum(s.target_forwards for s in st))
-            c = (sum(s.draft_s for s in st) / drafted) / base_tpot if drafted else 0.0
+            c = (sum(s.draft_s for s in st) / drafted) / step_tpot if drafted else 0.0
             ideal = ideal_speedup(alpha, max(1, round(k_used)), c) if drafted else None
             row.update(alpha=alpha, acceptance_rate=mean(lambda s: s.acceptance_rate),
                        tau=mean(lambda s: s.mean_accepted_length), draft_length=k_used, c=c,
                        ttft_s=mean(lambda s: s.ttft_s), tpot_s=mean(lambda s: s.tpot_s),
                        prefill_s=mean(lambda s: s.prefill_s), decode_s=mean(lambda s: s.decode_s),
                        draft_s=mean(lambda s: s.draft_s), verify_s=mean(lambda s: s.verify_s),
-                       ideal_speedup=ideal, fraction_of_ideal=(tps / base) / ideal if ideal else None,
+                       ideal_speedup=ideal, fraction_of_ideal=(tps / step_rate) / ideal if ideal else None,
                        step=" / ".join(sorted({s.step for s in st})))
         out["modes"][name] = row
     drafted = {n: r for n, r in out["modes"].items() if n.startswith("specdec") and not n.startswith("specdec plain")
@@ -322,9 +326,10 @@ def to_markdown(report: dict) -> str:
                   + (" (below the line: speculation beats what any plain decode could reach)." if over[best] < 1
                      else ".")]
     lines += ["", "Where the decode time goes (mean per generation):", "", time_split(report),
-              "", "c = draft time per drafted token / target-only time per token; the ideal speedup uses the "
-              "measured alpha and c, so `% of ideal` below 100 is per-step overhead plus verification cost "
-              "growing with k."]
+              "", "c = draft time per drafted token / the target's own step time per token (`specdec plain`'s; "
+              "target-only's where it did not run); the ideal speedup uses the measured alpha and c, and "
+              "`% of ideal` is the mode's speedup over `specdec plain` against it, so below 100 is per-step "
+              "overhead plus verification cost growing with k."]
     if report.get("exit_layer_choice"):
         lines += ["", "Early-exit layer choice (teacher-forced on the first prompts' target continuations; c = the "
                   "draft step's share of the weights):", "", "| layer | alpha | c | best k | predicted speedup |",
