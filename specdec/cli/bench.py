@@ -233,7 +233,8 @@ def summarise(results: dict, k, greedy: bool) -> dict:
             drafted = sum(s.drafted_tokens for s in st)
             k_used = drafted / max(1, sum(s.target_forwards for s in st))
             c = (sum(s.draft_s for s in st) / drafted) / step_tpot if drafted else 0.0
-            ideal = ideal_speedup(alpha, max(1, round(k_used)), c) if drafted else None
+            # a mode that drafted under half a token a step on average is, ideally, plain decoding (k = 0: 1.0)
+            ideal = ideal_speedup(alpha, round(k_used), c) if drafted else None
             row.update(alpha=alpha, acceptance_rate=mean(lambda s: s.acceptance_rate),
                        tau=mean(lambda s: s.mean_accepted_length), draft_length=k_used, c=c,
                        ttft_s=mean(lambda s: s.ttft_s), tpot_s=mean(lambda s: s.tpot_s),
