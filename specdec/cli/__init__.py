@@ -104,7 +104,8 @@ def main(argv=None) -> None:
     b.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
                    help="render each prompt as a user message with the chat template (auto: when the tokenizer has one)")
     b.add_argument("--early-exit", default="none",
-                   help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best) or 'none'")
+                   help="add an early-exit mode: a layer number, 'auto' (the layer predicted to pay best; no mode "
+                        "where none is predicted to pay) or 'none'")
     b.add_argument("--head", default="auto", help="feature-head modes: a shipped head, 'head:DIR', 'none', or 'auto' "
                                                   "(the shipped head for the target, if any)")
     _add_tree_arg(b)

@@ -337,6 +337,8 @@ def to_markdown(report: dict) -> str:
                   "|---|---|---|---|---|"]
         lines += [f"| {r['layer']} | {r['alpha']:.3f} | {r['c']:.2f} | {r['best_k']} | {r['predicted_speedup']:.3f} |"
                   for r in report["exit_layer_choice"]]
+        if not any(name.startswith("specdec early exit") for name in report["modes"]):
+            lines += ["", "No layer's predicted speedup reaches 1: the early-exit mode was not run."]
     return "\n".join(lines)
 
 

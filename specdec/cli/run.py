@@ -138,7 +138,8 @@ def cmd_bench(a) -> None:
 
 def _exit_layer(choice: str, target, prompts, new_tokens: int):
     """--early-exit: 'none', a layer number, or 'auto' (drafters.early_exit.choose_exit_layer on the target's
-    greedy continuations of the first two prompts). Returns (layer or None, the candidates' rows)."""
+    greedy continuations of the first two prompts; None where no layer's predicted speedup reaches 1, as on a
+    target whose LM head is most of its weights). Returns (layer or None, the candidates' rows)."""
     if choice == "none":
         return None, []
     if choice != "auto":
@@ -147,7 +148,9 @@ def _exit_layer(choice: str, target, prompts, new_tokens: int):
     from ..drafters.early_exit import choose_exit_layer
 
     seqs = [specdec.generate(target, ids, max_new_tokens=min(new_tokens, 64), draft_length=0) for ids in prompts[:2]]
-    return choose_exit_layer(target, seqs, [ids.shape[1] for ids in prompts[:2]])
+    best, rows = choose_exit_layer(target, seqs, [ids.shape[1] for ids in prompts[:2]])
+    pays = max((r["predicted_speedup"] for r in rows), default=0.0) >= 1.0
+    return (best if pays else None), rows
 
 
 def cmd_select(a) -> None:
