@@ -68,7 +68,7 @@ from .cache import StepMeta
 from .compiled_graphs import _layer_params, activation_of, kernel_layer_args, norm_eps, product_form, unsupported_reason
 from .compiled_steps import BUCKETS, CompiledSteps, _compiling, _exiting, agree, bucket_for, compiling, steps_for  # noqa: F401 (re-exported)
 from .lean import LeanRunner, _select_rows, attend_rows
-from .lean_layer import FORMS, LLAMA
+from .lean_layer import LLAMA
 
 log = logging.getLogger("specdec")
 
@@ -139,7 +139,7 @@ class CompiledRunner(LeanRunner):
         super().__init__(model, pool, table)
         inner = model.model
         self.steps = steps
-        layer_form = FORMS.get(type(model).__name__, LLAMA)
+        layer_form = self.layer_form
         # the graphs compute Llama's layers only: other forms (Qwen3, Gemma 3) run the layer kernel, else lean
         self.graphs_cover = layer_form == LLAMA
         self.params = [_layer_params(layer) for layer in inner.layers] if self.graphs_cover else []

@@ -74,7 +74,7 @@ class LeanRunner(ModelRunner):
             packed = packed_path.PACKED
         cfg = model.config.get_text_config()
         inner = model.model
-        form = FORMS.get(type(model).__name__, LLAMA)
+        self.layer_form = form = FORMS.get(type(model).__name__, LLAMA)  # hf/lean_layer.py's form of its layers
         self.embed = inner.embed_tokens  # Gemma's scales by sqrt(H) itself
         self.fused = fused
         rot = inner.rotary_emb
