@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("vllm_peer", ROOT / "benchmarks" / "peers" / "vllm_peer.py")
 vllm_peer = importlib.util.module_from_spec(spec)
@@ -30,3 +32,37 @@ def test_table_counts_acceptance_per_drafting_step_and_flags_a_token_that_differ
     assert rows["specdec head [ran: lean]"][2:7] == ["6.0", "2.00", "yes", "2.05", "0.70, 0.30, 0.05"]
     assert rows["vLLM ngram"][2:7] == ["1.5", "0.50", "**no**", "-", "-"]
     assert rows["HF generate"][4] == "yes"
+
+
+class _Tokenizer:
+    """Just what vllm_peer.prompts reads: a chat template (or none), the template's rendering, plain encoding."""
+
+    def __init__(self, chat_template):
+        self.chat_template = chat_template
+
+    def __call__(self, text):
+        return {"input_ids": [7] + [len(w) for w in text.split()]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize, return_dict):
+        assert add_generation_prompt and tokenize and return_dict
+        return {"input_ids": [1, 2] + self(messages[0]["content"])["input_ids"] + [3]}
+
+
+def test_prompts_use_the_chat_template_and_plain_text_where_the_tokenizer_has_none():
+    plain = vllm_peer.prompts(_Tokenizer(None), 2)
+    chat = vllm_peer.prompts(_Tokenizer("{{ messages }}"), 2)
+    assert len(plain) == len(chat) == 2
+    assert all(c == [1, 2] + p + [3] for c, p in zip(chat, plain))
+
+
+def test_compare_refuses_runs_of_different_targets(tmp_path, monkeypatch):
+    hf = [{"tokens": [1], "seconds": 1.0}]
+    runs = []
+    for name, target in (("a", "smollm2-135m-instruct"), ("b", "gemma3-270m")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"engine": "specdec", "args": {"target": target}, "modes": {"HF generate": hf}}))
+        runs.append(str(path))
+    monkeypatch.setattr("sys.argv", ["vllm_peer.py", "--compare", *runs, "--out", str(tmp_path / "t.md")])
+    with pytest.raises(SystemExit, match="targets.*gemma3-270m"):
+        vllm_peer.main()
+    assert not (tmp_path / "t.md").exists()

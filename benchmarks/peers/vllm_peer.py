@@ -18,13 +18,15 @@ the prompts, every generation timed alone. Run the engines alternately, twice ea
     python benchmarks/peers/vllm_peer.py --compare /tmp/peer/*.json --out benchmarks/results/vllm_peer.md
 
 Modes: vLLM target-only and n-gram (k = 4); specdec plain with its default step (step="auto": which
-step ran is in the table) and with the compiled step, the shipped head adaptive and n-gram + head; HF
-generate() as the common yardstick. With `--eagle3 DIR` (an EAGLE-3 head `specdec export-head` wrote: the
+step ran is in the table) and with the compiled step, the shipped head adaptive and n-gram + head (for a
+`--target` no head ships for: prompt lookup, adaptive); HF generate() as the common yardstick. `--target`:
+any real zoo target both engines load (default SmolLM2-135M-Instruct; `gemma3-270m` too). With `--eagle3 DIR` (an EAGLE-3 head `specdec export-head` wrote: the
 shipped one is `specdec export-head smollm2-135m-instruct-eagle3-head --target smollm2-135m-instruct --out
 DIR`; the default shipped head is of the older kind, which vLLM has no layout for), both engines also draft
 with that head: vLLM a chain of `--k`, specdec the same chain and adaptive. Tau and acceptance by position are counted
 the same way for both engines (vLLM's counters: per step that drafted), per timed generation.
-Prompts: benchmarks/prompts/chat.jsonl in the model's chat template (no training run used them).
+Prompts: benchmarks/prompts/chat.jsonl in the model's chat template, as plain text where it has none (no training
+run used them).
 Greedy output is compared token for token with HF's.
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = "smollm2-135m-instruct"
+TARGET = "smollm2-135m-instruct"  # the default --target
 
 # vLLM's CPU backend otherwise reserves 92 % of the machine's memory and refuses to start where other processes
 # hold more than 8 % (a test suite's second worker, seen here): an explicit KV budget, ample for one sequence of
@@ -46,14 +48,22 @@ TARGET = "smollm2-135m-instruct"
 KV_CACHE_BYTES = 1 << 30
 
 def prompts(tok, n: int) -> list[list[int]]:
+    """The first n chat prompts as token ids, the same for both engines: in the tokenizer's chat template, or as
+    plain text where it has none (a base model: Gemma 3 270M)."""
     rows = [json.loads(line) for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines() if line]
+    if not getattr(tok, "chat_template", None):
+        return [tok(r["prompt"])["input_ids"] for r in rows[:n]]
     return [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                     tokenize=True, return_dict=True)["input_ids"] for r in rows[:n]]
 
 
-def model_dir() -> str:
+def model_dir(target: str) -> str:
+    """The zoo's converted folder of a real target (`specdec zoo get TARGET` made it): both engines load it."""
     home = Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache/specdec"))
-    return str(home / "models" / TARGET)
+    folder = home / "models" / target
+    if not (folder / "config.json").exists():
+        raise SystemExit(f"{folder} holds no model: run `specdec zoo get {target}` first")
+    return str(folder)
 
 
 def run_vllm(a) -> dict:
@@ -61,7 +71,7 @@ def run_vllm(a) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    tok = AutoTokenizer.from_pretrained(model_dir())
+    tok = AutoTokenizer.from_pretrained(model_dir(a.target))
     ids = prompts(tok, a.num_prompts)
     params = SamplingParams(temperature=0, max_tokens=a.max_new_tokens, ignore_eos=False)
     # vLLM asks for Intel's OpenMP preloaded for speculative decoding on a CPU, and by default keeps one of
@@ -77,7 +87,7 @@ def run_vllm(a) -> dict:
         modes.append((f"vLLM eagle3 k={a.k}" + preloaded,
                       {"method": "eagle3", "model": a.eagle3, "num_speculative_tokens": a.k}))
     for mode, spec in modes:
-        llm = LLM(model=model_dir(), dtype=a.dtype, max_model_len=1024, max_num_seqs=1, seed=0,
+        llm = LLM(model=model_dir(a.target), dtype=a.dtype, max_model_len=1024, max_num_seqs=1, seed=0,
                   kv_cache_memory_bytes=KV_CACHE_BYTES,
                   speculative_config=spec, disable_log_stats=False)
         llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
@@ -119,9 +129,8 @@ def run_specdec(a) -> dict:
     from specdec.drafters import FeatureHead, LookupFirst
 
     torch.set_num_threads(a.threads)
-    target, tok = zoo.load(TARGET, dtype=getattr(torch, a.dtype))
+    target, tok = zoo.load(a.target, dtype=getattr(torch, a.dtype))
     ids = [torch.tensor([p]) for p in prompts(tok, a.num_prompts)]
-    head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(TARGET)), target)
 
     def hf(p):
         return target.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=a.max_new_tokens, do_sample=False)
@@ -132,9 +141,13 @@ def run_specdec(a) -> dict:
 
     modes = {"HF generate": hf,
              "specdec plain (step auto)": spec(specdec.wrap(target, draft_length=0)),
-             "specdec plain (step compiled)": spec(specdec.wrap(target, draft_length=0, step="compiled")),
-             "specdec head adaptive": spec(specdec.wrap(target, drafter=head)),
-             "specdec ngram+head adaptive": spec(specdec.wrap(target, drafter=LookupFirst(head)))}
+             "specdec plain (step compiled)": spec(specdec.wrap(target, draft_length=0, step="compiled"))}
+    if zoo.head_for(a.target):  # the shipped head, alone and behind prompt lookup (the library's default)
+        head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(a.target)), target)
+        modes["specdec head adaptive"] = spec(specdec.wrap(target, drafter=head))
+        modes["specdec ngram+head adaptive"] = spec(specdec.wrap(target, drafter=LookupFirst(head)))
+    else:  # no head ships for it: prompt lookup, the drafter vLLM's n-gram mode compares with
+        modes["specdec ngram adaptive"] = spec(specdec.wrap(target, drafter="ngram"))
     if a.eagle3:  # the exported EAGLE-3 head vLLM drafts with, read back by specdec's importer
         eagle3 = FeatureHead.from_pretrained(a.eagle3, target)
         modes[f"specdec eagle3 k={a.k}"] = spec(specdec.wrap(target, drafter=eagle3, draft_length=a.k))
@@ -195,6 +208,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", choices=["vllm", "specdec"])
     ap.add_argument("--compare", nargs="+", default=None, help="engine JSON files to render side by side")
+    ap.add_argument("--target", default=TARGET, help="a real zoo target (its `specdec zoo get` folder)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
@@ -213,11 +227,15 @@ def main() -> None:
         runs = [json.loads(Path(f).read_text()) for f in a.compare]
         engines = [r["engine"] for r in runs]
         dtypes = sorted({r["args"].get("dtype", "float32") for r in runs})
-        if len(dtypes) > 1:
-            raise SystemExit(f"runs of different dtypes cannot share a table: {dtypes}")
+        targets = sorted({r["args"].get("target", TARGET) for r in runs})
+        if len(dtypes) > 1 or len(targets) > 1:
+            raise SystemExit(f"runs of different dtypes or targets cannot share a table: {dtypes}, {targets}")
         sys.path.insert(0, str(ROOT))
         from specdec.files import write_text
         from specdec.hf.linear import machine
+
+        target_arg = "" if targets[0] == TARGET else f" --target {targets[0]}"
+        rendering = "in the chat template" if runs[0].get("chat_template", True) else "as plain text (no chat template)"
 
         def runs_folder(files: list) -> str:
             """Where the runs' JSON lie, relative to benchmarks/ when they lie under it."""
@@ -227,9 +245,9 @@ def main() -> None:
 
         write_text(out, f"# vLLM CPU and specdec side by side\n\n`python benchmarks/peers/vllm_peer.py "
                         f"--compare {' '.join(Path(f).name for f in a.compare)}` over engine runs of "
-                        f"`vllm_peer.py --engine vllm|specdec --num-prompts {a.num_prompts} --max-new-tokens "
+                        f"`vllm_peer.py --engine vllm|specdec{target_arg} --num-prompts {a.num_prompts} --max-new-tokens "
                         f"{a.max_new_tokens} --repeats {a.repeats}` (module docstring: the loop that alternates "
-                        f"them).\n\n{TARGET} {dtypes[0]}, benchmarks/prompts/chat.jsonl in the chat template, greedy, "
+                        f"them).\n\n{targets[0]} {dtypes[0]}, benchmarks/prompts/chat.jsonl {rendering}, greedy, "
                         f"single stream. specdec computes on both cores (2 torch threads); vLLM's CPU worker, by its "
                         f"own default on a 2-core machine, computes on one and reserves the other for its front end "
                         f"(`reserve_cpu_num=1` in its log). Each engine run loads, warms up, then times every "
@@ -240,8 +258,10 @@ def main() -> None:
         print(table)
         return
     modes = run_vllm(a) if a.engine == "vllm" else run_specdec(a)
+    from transformers import AutoTokenizer
+    chat = bool(getattr(AutoTokenizer.from_pretrained(model_dir(a.target)), "chat_template", None))
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"engine": a.engine, "args": vars(a), "modes": modes}))
+    tmp.write_text(json.dumps({"engine": a.engine, "args": vars(a), "chat_template": chat, "modes": modes}))
     tmp.replace(out)
     for mode, rows in modes.items():
         print(f"{mode}: {sum(len(r['tokens']) for r in rows) / sum(r['seconds'] for r in rows):.1f} tokens/s")
