@@ -86,23 +86,36 @@ def _count_kernel_calls(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.parametrize("long_bf16", [False, True])
 @pytest.mark.parametrize("override, weight_first_rule, takes", [
     ("", 6, True), ("", 0, False), ("0", 6, False), ("1", 0, True)])
-def test_short_blocks_take_the_kernel_where_the_rule_says(monkeypatch, override, weight_first_rule, takes):
+def test_short_blocks_take_the_kernel_where_the_rule_says(monkeypatch, override, weight_first_rule, takes, long_bf16):
     """On where the weight-first rule is (MKL off Intel), or SPECDEC_ROW_KERNEL=1; off with =0. Up to
-    MAX_ROWS rows, float32 and bfloat16, through linear_rows and the lean loop's short_blocks_linear;
-    longer blocks and float16 weights never."""
+    FLOAT32_KERNEL_ROWS rows float32, MAX_ROWS bfloat16 (any number where the BLAS has no bfloat16
+    instructions: LONG_BF16_BLOCKS), through linear_rows and the lean loop's short_blocks_linear; longer
+    blocks and float16 weights never."""
     monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", override)
     monkeypatch.setattr(linear, "WEIGHT_FIRST_MAX_ROWS", weight_first_rule)
+    monkeypatch.setattr(linear, "LONG_BF16_BLOCKS", long_bf16)
     calls = _count_kernel_calls(monkeypatch)
-    for dtype in (torch.float32, torch.bfloat16):
+    expected = []
+    for dtype, limit in ((torch.float32, linear.FLOAT32_KERNEL_ROWS),
+                         (torch.bfloat16, 300 if long_bf16 else cpu_rows.MAX_ROWS)):
         w = torch.randn(16, 8).to(dtype)
-        for rows in (1, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS + 1):
+        for rows in (1, limit, limit + 1):
             x = torch.randn(rows, 8).to(dtype)
             for y in (linear.linear_rows(x, w), linear.short_blocks_linear(w)(x)):
                 assert torch.allclose(y.float(), F.linear(x, w).float(), atol=1e-5 if dtype == torch.float32 else 0.1)
+        expected += [1, 1, limit, limit] + ([limit + 1] * 2 if dtype == torch.bfloat16 and long_bf16 else [])
     linear.linear_rows(torch.randn(2, 8).half(), torch.randn(16, 8).half())
-    assert calls == ([1, 1, cpu_rows.MAX_ROWS, cpu_rows.MAX_ROWS] * 2 if takes else [])
+    assert calls == (expected if takes else [])
+
+
+def test_long_bfloat16_blocks_take_the_kernel_only_where_the_cpu_lacks_bfloat16_instructions():
+    assert linear.bf16_gemm_emulated("fpu sse2 avx2 fma")
+    assert not linear.bf16_gemm_emulated("avx2 avx512f avx512_bf16")
+    assert not linear.bf16_gemm_emulated("avx2 avx512f amx_tile amx_bf16")
+    assert linear.bf16_gemm_emulated("")
 
 
 def test_where_the_kernel_cannot_load_one_warning_names_why_and_weight_first_serves(monkeypatch):

@@ -38,7 +38,7 @@ WEIGHT_FIRST_FORM = (0, 2, 16) if linear.WEIGHT_FIRST_MAX_ROWS > 0 else NO_FORM
 def product_form(weight: torch.Tensor) -> tuple:
     """The form (above) of a model whose weights are like this one (its LM head's)."""
     if linear.row_kernel_takes(weight):
-        return (cpu_rows.MAX_ROWS, 0, 0)
+        return (linear.kernel_rows(weight), 0, 0)
     return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
 ACTIVATIONS = {"silu": F.silu}
 

@@ -34,6 +34,10 @@ faster than MKL's product for 1-8 rows and bfloat16 ones 2-4.4x faster than oneD
 takes 50-113 (float32) and 30-73 ms where it takes 30-280 (bfloat16; results/linear_rows_amd_epyc.md,
 linear_rows_bf16_amd_epyc.md). `SPECDEC_ROW_KERNEL` (1: on wherever it builds, 0: off) overrides its
 rule (on where weight-first is); where it does not build, one warning names why and weight-first serves.
+Longer blocks (a prompt's prefill, the compiled step's 32-token bucket) take the kernel too where it beats
+the BLAS: float32 up to FLOAT32_KERNEL_ROWS rows, bfloat16 of any length where the CPU has no bfloat16
+instructions (`kernel_rows`; on the EPYC a 45-token bfloat16 SmolLM2 prompt's first token in 130 ms
+instead of 551).
 
 Shapes: x [..., in] (the weight's dtype), weight [out, in], bias [out] or None -> [..., out]; n is the
 number of rows, x.numel() / in.
@@ -51,7 +55,7 @@ import torch.nn.functional as F
 
 from ..kernels import cpu_library, cpu_rows
 from . import packed
-from .cpu import cpu_name, cpu_vendor
+from .cpu import cpu_name, cpu_vendor, cpuinfo
 
 SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
 
@@ -59,7 +63,9 @@ SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8
 def machine() -> str:
     """One line for benchmark headers: the CPU, its vendor, the BLAS and what the two rules chose."""
     blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
-    short = (f"through specdec's row kernel up to {cpu_rows.MAX_ROWS} rows" if row_kernel_ready() else
+    bf16 = "any number" if LONG_BF16_BLOCKS else cpu_rows.MAX_ROWS
+    short = (f"through specdec's row kernel up to {FLOAT32_KERNEL_ROWS} rows float32, {bf16} bfloat16"
+             if row_kernel_ready() else
              f"weight-first up to {WEIGHT_FIRST_MAX_ROWS} rows (row kernel off: {row_kernel_reason()})")
     return f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {blas}): short blocks {short}; {packed.describe()}"
 
@@ -110,6 +116,35 @@ def row_kernel_ready() -> bool:
     return row_kernel_reason() is None
 
 
+def bf16_gemm_emulated(flags: str) -> bool:
+    """Does torch's bfloat16 GEMM run here without the CPU's bfloat16 instructions (flags: /proc/cpuinfo's,
+    neither avx512_bf16 nor amx_bf16)? Then oneDNN widens bfloat16 in AVX2 code that reaches about
+    10 GMAC/s on the EPYC, where the row kernel reaches 60-70 (see kernel_rows)."""
+    return not ({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+# long bfloat16 blocks (a prefill) through the row kernel too, where the BLAS has no bfloat16 instructions
+LONG_BF16_BLOCKS = bf16_gemm_emulated(cpuinfo("flags"))
+
+
+# the most rows of a float32 product through the row kernel: past it MKL's GEMM (on its generic code paths
+# off Intel) catches up. AMD EPYC, 2 threads, kernel / F.linear time on SmolLM2's and Qwen2.5-Coder-1.5B's
+# weights: 0.35-0.68 at 17 rows, 0.43-0.83 at 32, 0.62-1.06 at 64, 0.73-1.10 at 128, 0.88-1.22 at 256
+FLOAT32_KERNEL_ROWS = 64
+
+
+def kernel_rows(weight: torch.Tensor) -> int:
+    """The most rows of x a product with this weight sends through the row kernel (where it takes the
+    weight): FLOAT32_KERNEL_ROWS for float32; any number for bfloat16 where LONG_BF16_BLOCKS, whose F.linear
+    is 5-7x slower than the kernel at every length measured (AMD EPYC, 2 threads, 45 to 1000 rows:
+    SmolLM2's gate/up 9.6 -> 1.4 ms at 45 rows, 182 -> 25 ms at 1000; its 49 152-row LM head 600 -> 94 ms
+    at 200; Qwen2.5-Coder-1.5B's 8960 x 1536 1332 -> 225 ms at 1000, about 70 GMAC/s, near the cores' AVX2
+    peak; a 45-token SmolLM2 prompt's first token 551 -> 130 ms), else cpu_rows.MAX_ROWS."""
+    if weight.dtype == torch.float32:
+        return FLOAT32_KERNEL_ROWS
+    return 1 << 62 if LONG_BF16_BLOCKS else cpu_rows.MAX_ROWS
+
+
 def row_kernel_takes(weight: torch.Tensor) -> bool:
     """Does this weight's short blocks go through the row kernel (float32 or bfloat16, contiguous, on a
     CPU, where the kernel is on)?"""
@@ -119,7 +154,7 @@ def row_kernel_takes(weight: torch.Tensor) -> bool:
 
 def short_blocks_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [..., in] -> F.linear(x, weight, bias), short blocks through the row kernel where it takes this
-    weight (up to cpu_rows.MAX_ROWS rows), else weight-first up to SHORT_BLOCK_ROWS rows; longer ones
+    weight (up to kernel_rows(weight) rows), else weight-first up to SHORT_BLOCK_ROWS rows; longer ones
     through F.linear. The choice of path is made once, here."""
     if not row_kernel_takes(weight):
         return lambda x: weight_first_rows(x, weight, bias)
@@ -131,10 +166,10 @@ def short_blocks_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) 
 
 
 def _through_row_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x [..., in] -> [..., out] through the row kernel when x has 1 to cpu_rows.MAX_ROWS rows, else None
+    """x [..., in] -> [..., out] through the row kernel when x has 1 to kernel_rows(weight) rows, else None
     (the caller has checked that the kernel takes this weight)."""
     n = x.numel() // max(x.shape[-1], 1)
-    if not 0 < n <= cpu_rows.MAX_ROWS:
+    if not 0 < n <= kernel_rows(weight):
         return None
     return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
 

@@ -1,5 +1,6 @@
 """A CPU kernel for the short blocks speculation lives on: y [n, out] = x [n, in] @ weight [out, in]ᵀ (+ bias)
-for 1 to MAX_ROWS rows, float32 or bfloat16 weights, on x86 CPUs with AVX2 and FMA (cpu_rows.cpp).
+for 1 to MAX_ROWS rows (more where hf/linear.kernel_rows says so), float32 or bfloat16 weights, on x86 CPUs
+with AVX2 and FMA (cpu_rows.cpp).
 
 Why: a decode, draft or verification step multiplies 1 to 16 rows by every weight, so its cost is the
 speed the weights are read at. The BLAS torch calls is built for big blocks: on an AMD EPYC (MKL on its
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import torch
 
-MAX_ROWS = 16  # past 16 rows the kernel is compute-bound (measured: module doc's results file); the BLAS takes over
+# a short block's reach (the layer kernel's too): past 16 rows the kernel is bound by arithmetic (module doc's
+# results file); hf/linear.kernel_rows sends longer products here where the BLAS is slower still (float32 up
+# to 64 rows; bfloat16 of any length where oneDNN emulates bfloat16 in AVX2: 5-7x slower than this kernel)
+MAX_ROWS = 16
 
 
 def fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
