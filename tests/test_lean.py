@@ -79,6 +79,40 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch, row_kernel, mon
     assert torch.allclose(fast, outs[0], atol=1e-5, rtol=1e-4) and torch.equal(fast.argmax(-1), outs[0].argmax(-1))
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_first_prefill_attends_as_sdpas_is_causal_bit_for_bit(arch, monkeypatch):
+    """A prompt's first prefill (from position 0) passes SDPA is_causal instead of the explicit mask, which
+    lets attention skip the masked half: the logits equal the masked attention's exactly, past the CPU
+    flash kernel's 512-key blocks; later forwards, and Gemma 3's sliding layers shorter than the block,
+    keep the mask."""
+    from specdec.hf import lean
+
+    model = build(arch, seed=1)
+    tokens = torch.randint(3, VOCAB, (704,), generator=torch.Generator().manual_seed(3))
+    seen = []
+    sdpa = lean.F.scaled_dot_product_attention
+
+    def spy(*a, is_causal=False, attn_mask=None, **kw):
+        seen.append((is_causal, attn_mask is None))
+        return sdpa(*a, is_causal=is_causal, attn_mask=attn_mask, **kw)
+
+    def run():
+        pool = PagePool(64, 16)
+        runner = _hf_order_lean(model, pool, BlockTable(pool))
+        return torch.cat([runner.forward(tokens[:700], logits_rows=None), runner.forward(tokens[700:], logits_rows=None)])
+
+    monkeypatch.setattr(lean.F, "scaled_dot_product_attention", spy)
+    fast = run()
+    layers = model.config.num_hidden_layers
+    windowed = [t == "sliding_attention" for t in getattr(model.config, "layer_types", None) or ["full"] * layers]
+    assert seen[:layers] == [(not w, not w) for w in windowed]  # the prefill: is_causal, no mask, where no window cuts
+    assert seen[layers:] == [(False, False)] * layers  # the next forward sees the prefix: the mask
+    monkeypatch.setattr(StepMeta, "causal_from_zero", lambda self, window: False)
+    seen.clear()
+    assert torch.equal(run(), fast)
+    assert not any(c for c, _ in seen)
+
+
 @pytest.mark.parametrize("arch", ["gemma2", "phi3", "gpt2"])
 def test_unsupported_architectures_keep_the_hf_path_and_the_output(arch):
     pool = PagePool(4, 8)

@@ -84,6 +84,7 @@ class StepMeta:
     calls: int = 0
     writes: int = 0  # PagedCache.update calls: a model that kept its keys in a cache of its own wrote none
     _masks: dict = field(default_factory=dict)
+    _causal: bool | None = None
 
     @property
     def key_pos(self) -> torch.Tensor:
@@ -94,6 +95,19 @@ class StepMeta:
         """Does the mask_for(sliding_window) let every query see every key? (One new token after the prefix,
         no earlier block nodes, no window; a packed batch never.)"""
         return self.full_mask is None and tuple(self.tree_mask.shape) == (1, 1) and not sliding_window
+
+    def causal_from_zero(self, sliding_window: int | None) -> bool:
+        """Is mask_for(sliding_window) exactly SDPA's is_causal mask: a chain of n > 1 new tokens from
+        position 0 (a first prefill), no earlier block nodes, no window that would cut it? Then attention
+        may skip the masked half instead of computing and masking it (what HF's SDPA path does there too);
+        the outputs are bit for bit the same (tests/test_lean.py)."""
+        n = self.tree_mask.shape[0]
+        if (self.full_mask is not None or self.prefix_len or self.block_pos is not None or n < 2
+                or (sliding_window and n > sliding_window)):
+            return False
+        if self._causal is None:  # once per forward: a default chain's tree mask is causal_mask(n)
+            self._causal = bool(torch.equal(self.tree_mask, torch.ones_like(self.tree_mask).tril_()))
+        return self._causal
 
     def mask_for(self, sliding_window: int | None) -> torch.Tensor:
         """[n, prefix_len + m + n] bool; built once per forward per window size."""

@@ -194,9 +194,12 @@ class LeanRunner(ModelRunner):
                 out = L.o(attend_rows(self.kv, i, q[0].transpose(0, 1), rows, L.sliding_window, L.scaling))
             else:
                 keys, vals = self.kv.gather(i, read, meta.read_span)  # [1, Hkv, T, D]
-                # the same mask the HF path passes (bit-identical attention needs it)
-                mask = None if self.fused and meta.unmasked(L.sliding_window) else meta.mask_for(L.sliding_window)
-                att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask,
+                # the same mask the HF path passes (bit-identical attention needs it); a first prefill's
+                # causal mask as SDPA's is_causal, which skips the masked half (bit for bit the same)
+                causal = meta.causal_from_zero(L.sliding_window)
+                mask = None if causal or (self.fused and meta.unmasked(L.sliding_window)) \
+                    else meta.mask_for(L.sliding_window)
+                att = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, is_causal=causal,
                                                      scale=L.scaling, enable_gqa=Hq != Hkv)  # [1, Hq, n, D]
                 out = L.o(att[0].transpose(0, 1).reshape(n, Hq * D))
             x = x + (out if L.attn_out_norm is None else L.attn_out_norm(out))
