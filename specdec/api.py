@@ -13,7 +13,7 @@ import weakref
 import torch
 
 from .batch import RowRequest, batchable, generate_batch
-from .drafters.base import CheckedDrafter, Drafter
+from .drafters.resolve import resolve_drafter
 from .engine import Engine, Limits
 from .generation_config import (check_supported, config_processors, eos_ids, limits_and_sampling,
                                 processor_lists, resolve_config, stop_string_criteria)
@@ -24,64 +24,6 @@ from .verifiers.sampling import SamplingParams
 
 _SPEC_OPTIONS = ("draft_length", "max_draft_length", "tree", "acceptance", "keep_cache", "max_kv_tokens", "tokenizer",
                  "assistant_tokenizer", "cross_tokenizer", "lookup_first", "step")
-
-
-
-
-def _same_vocabulary(a, b) -> bool:
-    return a is b or a.get_vocab() == b.get_vocab()
-
-
-def _resolve_drafter(target, drafter, tokenizer=None, assistant_tokenizer=None, cross_tokenizer="auto",
-                     lookup_first="auto"):
-    """The drafter argument -> a Drafter. A draft model with assistant_tokenizer= (HF's keyword) whose
-    vocabulary differs from tokenizer='s drafts across tokenizers (drafters/cross_tokenizer.py).
-
-    lookup_first: True puts prompt lookup in front of the drafter (drafters/lookup_first.py: an n-gram
-    match where the context repeats itself, the drafter elsewhere); "auto" does so for a draft with its
-    own tokenizer, the best mode measured there (README: drafts with another tokenizer); False never."""
-    from transformers import PreTrainedModel
-
-    from .drafters.lookup_first import LookupFirst
-    from .drafters.model import ModelDrafter
-
-    if lookup_first not in (True, False, "auto"):
-        raise ValueError(f"lookup_first must be True, False or 'auto', got {lookup_first!r}")
-    across = False
-    if drafter is None or isinstance(drafter, Drafter):
-        out = drafter
-    elif isinstance(drafter, str):
-        if drafter != "ngram":
-            raise ValueError(f"unknown drafter {drafter!r}: pass a PreTrainedModel, a specdec.drafters.Drafter, or 'ngram'")
-        from .drafters.ngram import PromptLookup
-
-        out = PromptLookup()
-    elif isinstance(drafter, PreTrainedModel) and assistant_tokenizer is not None:
-        if tokenizer is None:
-            raise ValueError("assistant_tokenizer= (the draft's tokenizer) needs tokenizer= (the target's) as well")
-        if _same_vocabulary(tokenizer, assistant_tokenizer):
-            out = ModelDrafter(drafter)
-        else:
-            from .drafters.cross_tokenizer import CrossTokenizerDrafter
-
-            out = CrossTokenizerDrafter(drafter, assistant_tokenizer, tokenizer, mode=cross_tokenizer)
-            across = True
-    elif isinstance(drafter, PreTrainedModel):
-        out = ModelDrafter(drafter)
-    else:
-        raise ValueError(f"drafter must be a PreTrainedModel, a specdec.drafters.Drafter or 'ngram', got "
-                         f"{type(drafter).__name__}")
-    if lookup_first is True:
-        if out is None or isinstance(drafter, str):
-            raise ValueError("lookup_first=True puts prompt lookup in front of a drafter: pass one (a draft model, a "
-                             "FeatureHead, ...); for prompt lookup alone pass drafter='ngram'")
-        if not isinstance(out, LookupFirst):
-            out = LookupFirst(out)
-    elif lookup_first == "auto" and across:
-        out = LookupFirst(out)
-    if isinstance(out, CheckedDrafter):
-        out.check_compatible(target)
-    return out
 
 
 def _prompt(target, input_ids) -> torch.Tensor:
@@ -159,7 +101,7 @@ def _make_engine(target, drafter, draft_length="adaptive", max_draft_length=8, t
             raise ValueError(f"draft_length={draft_length} is a node count for tree={tree!r}: it must be in "
                              f"[1, {tree.nodes}]")
     target.eval()
-    resolved = _resolve_drafter(target, drafter, tokenizer, assistant_tokenizer, cross_tokenizer, lookup_first)
+    resolved = resolve_drafter(target, drafter, tokenizer, assistant_tokenizer, cross_tokenizer, lookup_first)
     if keep_policy and isinstance(draft_length, str) and drafter is not None:
         policy = _kept_policy(target, drafter, draft_length, max_draft_length, tree, acceptance,
                               (cross_tokenizer, lookup_first, assistant_tokenizer is not None))
