@@ -8,14 +8,13 @@ short block's rows went to `F.linear`. Off Intel (hf/linear.py's rule) the row k
 blocks up to FLOAT32_KERNEL_ROWS rows and, where the CPU has no bfloat16 instructions (LONG_BF16_BLOCKS),
 bfloat16 blocks of any length (oneDNN's emulated bfloat16 GEMM there reads about 10 GMAC/s). Both settings
 run in one process, alternating prompt by prompt after a warm-up, beside HF generate() (one new token);
-each time is the median over `--repeats` rounds. Prompts: the first two of chat.jsonl (in the chat
-template), the first two of code_edit.jsonl, and all of code_edit.jsonl's prompts as one long prompt (none
-was used by a training run). The first token of every mode must equal HF's.
+each time is the median over `--repeats` rounds. Prompts: benchmarks/ttft_prompts.py's (chat and code
+edits, 44-712 tokens on SmolLM2; none was used by a training run). The first token of every mode must
+equal HF's.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -27,24 +26,12 @@ from specdec import zoo
 from specdec.files import write_text
 from specdec.hf import linear
 from specdec.kernels import cpu_rows
+from ttft_prompts import ttft_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def prompts(tok) -> list[tuple[str, torch.Tensor]]:
-    def read(name):
-        return [json.loads(line)["prompt"] for line in (ROOT / "benchmarks/prompts" / name).read_text().splitlines()
-                if line.strip()]
-
-    def render(text):
-        if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)["input_ids"]
-        return tok(text, return_tensors="pt").input_ids
-
-    chat, code = read("chat.jsonl"), read("code_edit.jsonl")
-    rows = [("chat", render(t)) for t in chat[:2]] + [("code edit", render(t)) for t in code[:2]]
-    return rows + [("all code edits", render("\n\n".join(code)))]
+    return [(kind, torch.tensor([ids])) for kind, ids in ttft_prompts(tok)]
 
 
 class Rule:

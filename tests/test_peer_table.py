@@ -66,3 +66,27 @@ def test_compare_refuses_runs_of_different_targets(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="targets.*gemma3-270m"):
         vllm_peer.main()
     assert not (tmp_path / "t.md").exists()
+
+
+ttft_spec = importlib.util.spec_from_file_location("vllm_ttft", ROOT / "benchmarks" / "peers" / "vllm_ttft.py")
+vllm_ttft = importlib.util.module_from_spec(ttft_spec)
+ttft_spec.loader.exec_module(vllm_ttft)
+
+
+def test_ttft_table_takes_medians_over_runs_and_flags_a_first_token_that_differs(tmp_path):
+    def row(kind, tokens, seconds, first):
+        return {"kind": kind, "tokens": tokens, "seconds": seconds, "first_token": first}
+
+    spec1 = {"HF generate": [row("chat", 40, [1.0, 1.2], 7), row("long", 700, [8.0], 9)],
+             "specdec": [row("chat", 40, [0.25, 0.3], 7), row("long", 700, [2.0], 9)]}
+    spec2 = {"HF generate": [row("chat", 40, [1.4], 7), row("long", 700, [8.0], 9)],
+             "specdec": [row("chat", 40, [0.2], 7), row("long", 700, [1.0], 9)]}
+    vllm = {"vLLM": [row("chat", 40, [2.0], 7), row("long", 700, [16.0], 3)]}
+    table = vllm_ttft.compare([_run(tmp_path, "s1", "specdec", spec1), _run(tmp_path, "v", "vllm", vllm),
+                               _run(tmp_path, "s2", "specdec", spec2)])
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()[2:]]
+    # HF: median of 1.0, 1.2, 1.4 = 1.2 s; specdec: median of 0.25, 0.3, 0.2 = 0.25 s
+    assert cells[0] == ["chat", "40", "1200", "250", "2000", "4.80x", "0.60x", "yes"]
+    assert cells[1][:7] == ["long", "700", "8000", "1500", "16000", "5.33x", "0.50x"] and cells[1][7] == "**no**"
+    with pytest.raises(SystemExit, match="HF generate"):
+        vllm_ttft.compare([_run(tmp_path, "v2", "vllm", vllm)])
