@@ -27,7 +27,9 @@ with that head: vLLM a chain of `--k`, specdec the same chain and adaptive. Tau 
 the same way for both engines (vLLM's counters: per step that drafted), per timed generation.
 Prompts: benchmarks/prompts/chat.jsonl in the model's chat template, as plain text where it has none (no training
 run used them).
-Greedy output is compared token for token with HF's.
+Greedy output is compared token for token with HF's. No engine reuses a prompt's KV from an earlier call: vLLM's
+prefix caching is off (runs before 2026-12-07 left it on, its default, so a repeated prompt's prefill was cached
+in vLLM's later rounds: a small advantage to vLLM beside 96 decoded tokens); specdec and HF keep no cache.
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def run_vllm(a) -> dict:
                       {"method": "eagle3", "model": a.eagle3, "num_speculative_tokens": a.k}))
     for mode, spec in modes:
         llm = LLM(model=model_dir(a.target), dtype=a.dtype, max_model_len=1024, max_num_seqs=1, seed=0,
-                  kv_cache_memory_bytes=KV_CACHE_BYTES,
+                  kv_cache_memory_bytes=KV_CACHE_BYTES, enable_prefix_caching=False,
                   speculative_config=spec, disable_log_stats=False)
         llm.generate([TokensPrompt(prompt_token_ids=ids[0][:16])], params, use_tqdm=False)  # warm-up
         out[mode] = []
