@@ -7,8 +7,8 @@ residuals, SwiGLU, views, dispatch) on top of reading its 538 MB of weights, and
 float32 with MKL on a CPU that is not Intel's (hf/linear.py), the one-to-few-row products themselves read
 the weights at about half the memory bandwidth. Inductor (torch.compile's CPU C++ backend) fuses each
 layer's norm + projections + RoPE, and its residual + norm + SwiGLU + residual, into a few loops, and on
-such a machine (`product_form`) multiplies blocks of up to 16 rows through specdec's row kernel
-(kernels/cpu_rows.py), or without it one or two rows as reductions it vectorises itself (reading each
+such a machine (`product_form`) multiplies every bucket's blocks through specdec's row kernel
+(kernels/cpu_rows.py; up to hf/linear.py's `kernel_rows`), or without it one or two rows as reductions it vectorises itself (reading each
 weight once for both rows) and 3-16 rows weight-first.
 
 Architectures: the graphs compute Llama-form layers (Llama, Mistral, Qwen2); the layer kernel also Qwen3's

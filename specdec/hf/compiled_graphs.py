@@ -40,6 +40,8 @@ def product_form(weight: torch.Tensor) -> tuple:
     if linear.row_kernel_takes(weight):
         return (linear.kernel_rows(weight), 0, 0)
     return WEIGHT_FIRST_FORM if weight.device.type == "cpu" and weight.dtype == torch.float32 else NO_FORM
+
+
 ACTIVATIONS = {"silu": F.silu}
 
 

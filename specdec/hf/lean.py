@@ -14,7 +14,8 @@ through the HF modules as usual, on the same pages, same layout.
 It performs the HF modules' operations in their order on the same shapes, so its logits are bit for bit
 the HF path's, with two deliberate exceptions in how a linear multiplies, both fixed per machine: on a
 CPU whose BLAS handles short blocks badly (MKL on a CPU not Intel's), blocks of up to 16 rows multiply
-through specdec's row kernel, or float32 blocks of up to 6 rows weight-first where it does not build
+through specdec's row kernel (longer ones too where it beats the BLAS: hf/linear.py `kernel_rows`), or
+float32 blocks of up to 6 rows weight-first where it does not build
 (hf/linear.py: the same sums in another order, last-bit differences, 1.5-3x cheaper there); on an Intel CPU, float32 blocks of 4 rows or more and every bfloat16 block multiply
 through weights packed once for oneDNN (hf/packed.py: float32 differs in the last bits, bfloat16 gives
 the same numbers; a 4-8 token verification costs about one token's forward), with q/k/v and gate/up on
