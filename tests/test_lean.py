@@ -80,15 +80,16 @@ def test_lean_tree_blocks_match_the_hf_modules_bit_for_bit(arch, row_kernel, mon
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_a_first_prefill_attends_as_sdpas_is_causal_bit_for_bit(arch, monkeypatch):
+@pytest.mark.parametrize("prefill", [700, 5])
+def test_a_first_prefill_attends_as_sdpas_is_causal_bit_for_bit(arch, prefill, monkeypatch):
     """A prompt's first prefill (from position 0) passes SDPA is_causal instead of the explicit mask, which
     lets attention skip the masked half: the logits equal the masked attention's exactly, past the CPU
-    flash kernel's 512-key blocks; later forwards, and Gemma 3's sliding layers shorter than the block,
-    keep the mask."""
+    flash kernel's 512-key blocks; later forwards keep the mask, and so do Gemma 3's sliding layers (window
+    6) where the prefill is longer than their window (700 tokens), not where it fits in it (5)."""
     from specdec.hf import lean
 
     model = build(arch, seed=1)
-    tokens = torch.randint(3, VOCAB, (704,), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(3, VOCAB, (prefill + 4,), generator=torch.Generator().manual_seed(3))
     seen = []
     sdpa = lean.F.scaled_dot_product_attention
 
@@ -99,12 +100,14 @@ def test_a_first_prefill_attends_as_sdpas_is_causal_bit_for_bit(arch, monkeypatc
     def run():
         pool = PagePool(64, 16)
         runner = _hf_order_lean(model, pool, BlockTable(pool))
-        return torch.cat([runner.forward(tokens[:700], logits_rows=None), runner.forward(tokens[700:], logits_rows=None)])
+        return torch.cat([runner.forward(tokens[:prefill], logits_rows=None),
+                          runner.forward(tokens[prefill:], logits_rows=None)])
 
     monkeypatch.setattr(lean.F, "scaled_dot_product_attention", spy)
     fast = run()
     layers = model.config.num_hidden_layers
-    windowed = [t == "sliding_attention" for t in getattr(model.config, "layer_types", None) or ["full"] * layers]
+    windowed = [t == "sliding_attention" and prefill > model.config.sliding_window
+                for t in getattr(model.config, "layer_types", None) or ["full"] * layers]
     assert seen[:layers] == [(not w, not w) for w in windowed]  # the prefill: is_causal, no mask, where no window cuts
     assert seen[layers:] == [(False, False)] * layers  # the next forward sees the prefix: the mask
     monkeypatch.setattr(StepMeta, "causal_from_zero", lambda self, window: False)
