@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ttft_prompts import read, render  # noqa: E402
 TARGET = "smollm2-135m-instruct"  # the default --target
 
 # vLLM's CPU backend otherwise reserves 92 % of the machine's memory and refuses to start where other processes
@@ -51,12 +53,8 @@ KV_CACHE_BYTES = 1 << 30
 
 def prompts(tok, n: int) -> list[list[int]]:
     """The first n chat prompts as token ids, the same for both engines: in the tokenizer's chat template, or as
-    plain text where it has none (a base model: Gemma 3 270M)."""
-    rows = [json.loads(line) for line in (ROOT / "benchmarks/prompts/chat.jsonl").read_text().splitlines() if line]
-    if not getattr(tok, "chat_template", None):
-        return [tok(r["prompt"])["input_ids"] for r in rows[:n]]
-    return [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=True)["input_ids"] for r in rows[:n]]
+    plain text where it has none (a base model: Gemma 3 270M; ttft_prompts.render)."""
+    return [render(tok, text) for text in read("chat.jsonl")[:n]]
 
 
 def model_dir(target: str) -> str:
