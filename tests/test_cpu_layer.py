@@ -103,6 +103,22 @@ def _with_form(args, form: str, seed: int):
     return dict(args, **extra)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_inf_input_spreads_as_the_reference_spreads_it(dtype, bad):
+    """A broken hidden state must not come out as numbers: a NaN or an infinity in one row's input gives NaN
+    exactly where the reference gives it (no max, exp or rounding step of the kernel's turns it back into
+    numbers), in the output and in the keys written to the pages."""
+    args = _layer(4, dtype, seed=2)
+    args["x"][1, 5] = bad
+    ref_args = dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
+    ref = cpu_layer.decoder_layer_ref(**ref_args)
+    got = cpu_layer.decoder_layer(**args)
+    assert torch.isnan(got).any() and torch.equal(torch.isnan(got), torch.isnan(ref))
+    assert torch.equal(torch.isnan(args["k_pages"]), torch.isnan(ref_args["k_pages"]))
+    assert not torch.isnan(args["k_pages"][args["read_slots"][:40]]).any()  # the prefix's pages untouched
+
+
 @pytest.mark.parametrize("n", [1, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", ["qwen3", "gemma3"])
