@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specdec.files import write_text
-from specdec.hf.cpu import cpu_name
+from specdec.kernels.cpu_info import cpu_name
 from specdec.training.head_sources import parse as parse_sources
 from specdec.training.head_trainer import HeadTrainArgs, load_target, train_head
 

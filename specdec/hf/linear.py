@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from ..kernels import cpu_library, cpu_rows
 from . import packed
-from .cpu import cpu_name, cpu_vendor, cpuinfo
+from ..kernels.cpu_info import cpu_name, cpu_vendor, cpuinfo
 
 SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
 

@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear
-from .cpu import cpu_vendor
+from ..kernels.cpu_info import cpu_vendor
 from .mapped_offload import is_mapped_tensor
 
 # the fewest rows a block needs to take the packed path, by weight dtype (other dtypes: never)

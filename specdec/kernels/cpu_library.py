@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..hf.cpu import cpuinfo
+from .cpu_info import cpuinfo
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.cpp", "cpu_attention.cpp", "cpu_layer.cpp"))
 # included by the sources: part of the cache key

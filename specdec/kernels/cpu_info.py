@@ -1,5 +1,6 @@
-"""What CPU this is: the machine rules for multiplying linears (hf/linear.py, hf/packed.py) are fixed per
-vendor, since each was measured on one."""
+"""What CPU this is (/proc/cpuinfo): the CPU kernels check its instruction sets (cpu_library.py), and the
+machine rules for multiplying linears (hf/linear.py, hf/packed.py) are fixed per vendor, since each was
+measured on one."""
 from __future__ import annotations
 
 import functools
