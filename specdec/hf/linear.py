@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import cpu_library, cpu_rows
-from . import packed
 from ..kernels.cpu_info import cpu_name, cpu_vendor, cpuinfo
+from . import packed
 
 SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
 
