@@ -111,6 +111,21 @@ def test_short_blocks_take_the_kernel_where_the_rule_says(monkeypatch, override,
     assert calls == (expected if takes else [])
 
 
+def test_under_bfloat16_autocast_a_float32_weight_multiplies_as_autocast_says(monkeypatch):
+    """A head trained under bfloat16 autocast (--precision auto where bfloat16 is native: an AMD EPYC with
+    AVX512-BF16 took the kernel for its float32 weights) hands linear_rows bfloat16 rows and a float32
+    weight: the product is F.linear's under autocast, not the kernel's refusal of mixed dtypes."""
+    monkeypatch.setattr(linear, "ROW_KERNEL_OVERRIDE", "1")
+    calls = _count_kernel_calls(monkeypatch)
+    w = torch.randn(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = F.linear(torch.randn(3, 8), torch.randn(8, 8))  # bfloat16, as autocast's own products give
+        y = linear.linear_rows(x, w)
+        ref = F.linear(x, w)
+    assert x.dtype == torch.bfloat16 and y.dtype == ref.dtype and torch.equal(y, ref) and calls == []
+    assert linear.linear_rows(x.float(), w).dtype == torch.float32 and calls == [3]  # outside autocast: the kernel
+
+
 def test_long_bfloat16_blocks_take_the_kernel_only_where_the_cpu_lacks_bfloat16_instructions():
     assert linear.bf16_gemm_emulated("fpu sse2 avx2 fma")
     assert not linear.bf16_gemm_emulated("avx2 avx512f avx512_bf16")

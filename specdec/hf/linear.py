@@ -166,10 +166,12 @@ def short_blocks_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) 
 
 
 def _through_row_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """x [..., in] -> [..., out] through the row kernel when x has 1 to kernel_rows(weight) rows, else None
-    (the caller has checked that the kernel takes this weight)."""
+    """x [..., in] -> [..., out] through the row kernel when x has 1 to kernel_rows(weight) rows of the weight's
+    dtype, else None (the caller has checked that the kernel takes this weight). Another dtype is what autocast
+    hands a float32 weight's product (a head trained in bfloat16 autocast): F.linear casts both, as autocast
+    wants; the kernel multiplies one dtype."""
     n = x.numel() // max(x.shape[-1], 1)
-    if not 0 < n <= kernel_rows(weight):
+    if not 0 < n <= kernel_rows(weight) or x.dtype != weight.dtype:
         return None
     return cpu_rows.rows_linear(x.reshape(n, -1), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
