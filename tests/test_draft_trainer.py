@@ -1,6 +1,7 @@
 """The plain-draft trainer: a few of the target's layers, its embedding shared, distilled on the head
 trainer's data; saved without the shared tensors, materialised back into a complete HF model that specdec
 and HF's assisted generation both run, exactly."""
+import hashlib
 import json
 
 import pytest
@@ -157,6 +158,8 @@ def test_a_saved_draft_continues_on_a_new_machine(tmp_path, head_work, zoo_targe
     trained = json.loads((out / "draft_config.json").read_text())["specdec"]["trained"]
     assert trained["steps"] == 5 and trained["continued_from"]["draft"] == first.name
     assert trained["continued_from"]["steps"] == 3
+    assert trained["continued_from"]["weights_sha256"] == \
+        hashlib.sha256((first / "draft.safetensors").read_bytes()).hexdigest()[:16]
     with pytest.raises(ValueError, match="has 2 layers, this run builds 1"):
         train_draft(dargs(tmp_path, head_work, "d3", layers=1, resume_from=first), target, tok, progress=False)
     other = tmp_path / "other"

@@ -1,4 +1,5 @@
 """The feature-head trainer: it learns, it resumes exactly, and its bad inputs get clear errors."""
+import hashlib
 import json
 import shutil
 
@@ -149,7 +150,8 @@ def test_a_saved_head_continues_on_a_new_machine(tmp_path, zoo_target):
     assert cfg["trained"]["steps"] == 6
     # train_tokens counts this run's data; what the first head had seen is kept beside it, and the card says so
     first_trained = json.loads((first.out / "head_config.json").read_text())["trained"]
-    assert cfg["trained"]["continued_from"] == {"head": first.out.name, "steps": 4,
+    digest = hashlib.sha256((first.out / "head.safetensors").read_bytes()).hexdigest()[:16]
+    assert cfg["trained"]["continued_from"] == {"head": first.out.name, "weights_sha256": digest, "steps": 4,
                                                 "train_tokens": first_trained["train_tokens"]}
     from specdec.training.head_card import to_markdown
 

@@ -231,7 +231,7 @@ def train_draft(args: DraftTrainArgs, target=None, tok=None, progress: bool = Tr
     earlier = {}
     if args.resume_from is not None:  # what the saved draft had been trained on stays in the new record
         saved = json.loads((Path(args.resume_from) / "draft_config.json").read_text())["specdec"].get("trained", {})
-        earlier["continued_from"] = loop.earlier_training("draft", Path(args.resume_from), saved)
+        earlier["continued_from"] = loop.earlier_training("draft", Path(args.resume_from), saved, "draft.safetensors")
     return save_draft(draft, out, args.target, target, target_print, {
         "steps": step, **earlier, "train_tokens": data.num_tokens, "train_seconds": round(seconds),
         "init_layers": init_layers(target.config.get_text_config().num_hidden_layers, args.layers),

@@ -311,7 +311,7 @@ def train_head(args: HeadTrainArgs, target=None, tok=None, progress: bool = True
     earlier = {}
     if args.resume_from is not None:  # what the saved head had been trained on stays in the new record
         saved = json.loads((Path(args.resume_from) / "head_config.json").read_text()).get("trained", {})
-        earlier["continued_from"] = loop.earlier_training("head", Path(args.resume_from), saved)
+        earlier["continued_from"] = loop.earlier_training("head", Path(args.resume_from), saved, "head.safetensors")
     return save_head(net, out, {"steps": step, "train_tokens": data.num_tokens, **earlier,
                                 "train_seconds": round(seconds), "data_sequences": len(data.train),
                                 "positions_seen": step * args.batch * args.seq_len, "seed": args.seed, "ttt": args.ttt,

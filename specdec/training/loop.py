@@ -9,6 +9,7 @@ evaluation every eval_every steps and at the final step.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -57,14 +58,26 @@ def cosine_lr(step: int, lr: float, warmup: int, steps: int, since: int = 0) -> 
     return rate * min(1.0, (step - since + 1) / warmup) if since else rate
 
 
-def earlier_training(kind: str, path: Path, trained: dict) -> dict:
+def earlier_training(kind: str, path: Path, trained: dict, weights: str) -> dict:
     """What a --resume-from head or draft (`kind`) at `path`, whose record is `trained`, had been trained on:
     its steps and tokens, and what it continued in turn. For the new record, whose train_tokens counts only
-    the data of the run that saves it."""
-    earlier = {kind: path.name, "steps": trained.get("steps"), "train_tokens": trained.get("train_tokens")}
+    the data of the run that saves it. The folder's name says where it was read from, which may be a local
+    copy; `weights_sha256` (of its weights file, `weights`, first 16 hex digits) says which head or draft it
+    was wherever it lay (a shipped one: the same digest as its file in the zoo)."""
+    earlier = {kind: path.name, "weights_sha256": file_digest(path / weights), "steps": trained.get("steps"),
+               "train_tokens": trained.get("train_tokens")}
     if trained.get("continued_from"):
         earlier["continued_from"] = trained["continued_from"]
     return earlier
+
+
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of the file's SHA-256, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float,
