@@ -38,12 +38,17 @@ def _layer(n, dtype, H=96, Hq=6, Hkv=2, D=16, I=200, prefix=40, biases=True, see
                 mask=mask, scale=D ** -0.5, eps=1e-5, heads=Hq, kv_heads=Hkv)
 
 
+def _own_pages(args: dict) -> dict:
+    """args with pages of its own (copies): the reference writes its keys and values apart from the kernel's."""
+    return dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("biases", [True, False])
 def test_the_layer_is_its_reference_to_rounding(n, dtype, biases):
     args = _layer(n, dtype, biases=biases, seed=n)
-    ref_args = dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
+    ref_args = _own_pages(args)
     ref = cpu_layer.decoder_layer_ref(**ref_args)
     got = cpu_layer.decoder_layer(**args)
     assert got.shape == args["x"].shape and got.dtype == dtype
@@ -63,7 +68,7 @@ def test_widths_off_the_vector_lanes_take_the_scalar_tails(dtype):
     """A head dimension whose half is not a multiple of 8 (RoPE one lane at a time), hidden and MLP widths
     that are not multiples of 8 (norm, residual, SiLU x up and rounding tails): still the reference."""
     args = _layer(3, dtype, H=100, D=24, I=203, seed=5)
-    ref = cpu_layer.decoder_layer_ref(**dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone()))
+    ref = cpu_layer.decoder_layer_ref(**_own_pages(args))
     got = cpu_layer.decoder_layer(**args)
     if dtype == torch.float32:
         assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
@@ -81,7 +86,7 @@ def test_a_given_qkv_input_replaces_the_input_norm(dtype):
     for j in (1, 2, 3):  # q, k, v over 2H
         args["weights"][j] = (torch.randn(args["weights"][j].shape[0], 2 * H, generator=g) / 10).to(dtype)
     args["qkv_input"] = torch.randn(4, 2 * H, generator=g).to(dtype)
-    ref = cpu_layer.decoder_layer_ref(**dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone()))
+    ref = cpu_layer.decoder_layer_ref(**_own_pages(args))
     got = cpu_layer.decoder_layer(**args)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
     assert torch.allclose(got.float(), ref.float(), **tol)
@@ -111,7 +116,7 @@ def test_a_nan_or_inf_input_spreads_as_the_reference_spreads_it(dtype, bad):
     numbers), in the output and in the keys written to the pages."""
     args = _layer(4, dtype, seed=2)
     args["x"][1, 5] = bad
-    ref_args = dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
+    ref_args = _own_pages(args)
     ref = cpu_layer.decoder_layer_ref(**ref_args)
     got = cpu_layer.decoder_layer(**args)
     assert torch.isnan(got).any() and torch.equal(torch.isnan(got), torch.isnan(ref))
@@ -127,9 +132,8 @@ def test_qwen3_and_gemma3_layers_are_their_reference_to_rounding(n, dtype, form)
     """The parts Qwen3 and Gemma 3 add: the reference's layer to rounding (bfloat16 rounded where HF rounds),
     and each part changes the result (dropping one is caught)."""
     args = _with_form(_layer(n, dtype, biases=False, seed=20 + n), form, seed=n)
-    fresh = lambda a: dict(a, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())  # noqa: E731
-    ref = cpu_layer.decoder_layer_ref(**fresh(args))
-    got = cpu_layer.decoder_layer(**fresh(args))
+    ref = cpu_layer.decoder_layer_ref(**_own_pages(args))
+    got = cpu_layer.decoder_layer(**_own_pages(args))
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
     assert torch.allclose(got.float(), ref.float(), **tol)
     if dtype == torch.bfloat16:
@@ -138,7 +142,7 @@ def test_qwen3_and_gemma3_layers_are_their_reference_to_rounding(n, dtype, form)
     if form == "gemma3":
         parts += [dict(attn_out_norm=None, mlp_out_norm=None), dict(offset_norms=False), dict(activation="silu")]
     for part in parts:
-        assert not torch.allclose(cpu_layer.decoder_layer(**fresh(dict(args, **part))).float(), ref.float(), **tol), part
+        assert not torch.allclose(cpu_layer.decoder_layer(**_own_pages(dict(args, **part))).float(), ref.float(), **tol), part
 
 
 @pytest.mark.parametrize("change, message", [
