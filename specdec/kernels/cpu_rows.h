@@ -14,7 +14,7 @@ namespace specdec_cpu {
 // How far ahead of its reads a tile of 2 or more rows of x asks for its weight rows' lines (a prefetch a line;
 // past a row's end it reaches the next row of the same stream, the next tile's). With several rows of x a
 // line takes longer to consume, and the hardware prefetchers alone left the memory idle between tiles: the
-// SmolLM2 step (AMD EPYC, 2 threads, in-process A/B of 25 alternating rounds, 3-4 runs) 6-8 % faster for 4
+// SmolLM2 step (AMD EPYC Zen 4, 2 threads, in-process A/B of 25 alternating rounds, 3-4 runs) 6-8 % faster for 4
 // tokens in bfloat16 and 3-4 % for 8, 1-4 % for 4 in float32, level for 1, 2, 8 and 16 in float32 within the
 // +-3 % these runs moved by (256 or 512 bytes ahead alike; 4 KB slower). One row of x streams fastest without
 // it (the note on rows below).
