@@ -1,10 +1,11 @@
-"""Atomic file writes: a crash leaves the old file or the new one, never half of one.
+"""Atomic file writes: a crash leaves the old file or the new one, never half of one; and a file's digest.
 
 Reports, cards, data shards and checkpoints are written to a temporary name in the same folder, then renamed
 (os.replace is atomic on one file system); a trained model's folder is filled as a temporary folder and
 renamed the same way."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from contextlib import contextmanager
@@ -62,3 +63,13 @@ def staged_folder(out):
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_file(path) -> str:
+    """The file's SHA-256 (hex), read in 16 MiB blocks: what records a GGUF package, a derived draft or a
+    resumed head by."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,10 +1,12 @@
-"""Reports and cards are written atomically: an interrupted write leaves the old file whole."""
+"""Reports and cards are written atomically: an interrupted write leaves the old file whole; a file's digest
+reads all of it."""
+import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
-from specdec.files import write_text
+from specdec.files import sha256_file, write_text
 
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -44,3 +46,12 @@ def test_an_interrupted_tensor_save_leaves_the_old_file_and_no_temporary(tmp_pat
     monkeypatch.undo()
     assert torch.equal(load_file(str(path))["a"], old)
     assert [p.name for p in tmp_path.iterdir()] == ["shard.safetensors"]
+
+
+def test_a_files_digest_covers_every_block(tmp_path):
+    """Past the first 16 MiB read block too: a digest of the first block only would name two files alike."""
+    data = os.urandom((1 << 24) + 1000)
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(data)
+    b.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert sha256_file(a) == hashlib.sha256(data).hexdigest() != sha256_file(b)

@@ -9,7 +9,6 @@ evaluation every eval_every steps and at the final step.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -19,7 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 from safetensors.torch import load_file
 
-from ..files import save_tensors, write_text
+from ..files import save_tensors, sha256_file, write_text
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -64,20 +63,11 @@ def earlier_training(kind: str, path: Path, trained: dict, weights: str) -> dict
     the data of the run that saves it. The folder's name says where it was read from, which may be a local
     copy; `weights_sha256` (of its weights file, `weights`, first 16 hex digits) says which head or draft it
     was wherever it lay (a shipped one: the same digest as its file in the zoo)."""
-    earlier = {kind: path.name, "weights_sha256": file_digest(path / weights), "steps": trained.get("steps"),
+    earlier = {kind: path.name, "weights_sha256": sha256_file(path / weights)[:16], "steps": trained.get("steps"),
                "train_tokens": trained.get("train_tokens")}
     if trained.get("continued_from"):
         earlier["continued_from"] = trained["continued_from"]
     return earlier
-
-
-def file_digest(path: Path) -> str:
-    """The first 16 hex digits of the file's SHA-256, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def save_checkpoint(work: Path, module: torch.nn.Module, opt, step: int, seconds: float,

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..files import sha256_file
 from . import real
 
 CONFIG = "draft_config.json"
@@ -37,9 +38,7 @@ def _holds(folder: Path, draft_sha256: str) -> bool:
 
 
 def _sha256(src: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256((Path(src) / "draft.safetensors").read_bytes()).hexdigest()
+    return sha256_file(Path(src) / "draft.safetensors")
 
 
 def shared_with(src: Path) -> str:

