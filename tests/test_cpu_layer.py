@@ -44,13 +44,18 @@ def _own_pages(args: dict) -> dict:
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, dot", [
+    (torch.float32, False), (torch.bfloat16, False),
+    pytest.param(torch.bfloat16, True, marks=pytest.mark.skipif(not cpu_library.bf16_dot_here(),
+                                                                reason="this CPU lacks AVX512-BF16"))])
 @pytest.mark.parametrize("biases", [True, False])
-def test_the_layer_is_its_reference_to_rounding(n, dtype, biases):
+def test_the_layer_is_its_reference_to_rounding(n, dtype, dot, biases):
+    """bfloat16 products on AVX2 and (where the CPU has them) on AVX512-BF16 dot products."""
     args = _layer(n, dtype, biases=biases, seed=n)
     ref_args = _own_pages(args)
     ref = cpu_layer.decoder_layer_ref(**ref_args)
-    got = cpu_layer.decoder_layer(**args)
+    with cpu_library.bf16_dot(dot):
+        got = cpu_layer.decoder_layer(**args)
     assert got.shape == args["x"].shape and got.dtype == dtype
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)
     assert torch.allclose(got.float(), ref.float(), **tol)

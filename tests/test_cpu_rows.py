@@ -18,22 +18,65 @@ def loaded():
     assert cpu_library.load() is None  # builds here: a compiler is present wherever inductor runs
 
 
+# bfloat16's two paths: AVX2 (bfloat16 widened, float32 FMAs) everywhere, AVX512-BF16 dot products where the CPU
+# has them (cpu_rows_bf16.h; on by default there)
+needs_bf16_dot = pytest.mark.skipif(not cpu_library.bf16_dot_here(), reason="this CPU lacks AVX512-BF16")
+BF16_PATHS = [pytest.param(False, id="avx2"), pytest.param(True, id="avx512-bf16", marks=needs_bf16_dot)]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kernel_is_the_product_to_rounding_for_every_row_count(rows, dtype):
+@pytest.mark.parametrize("dtype, dot", [(torch.float32, False), (torch.bfloat16, False),
+                                        pytest.param(torch.bfloat16, True, marks=needs_bf16_dot)])
+def test_the_kernel_is_the_product_to_rounding_for_every_row_count(rows, dtype, dot):
     g = torch.Generator().manual_seed(rows)
-    # 203 output rows: blocks of 4 and 64 with remainders; 100 inputs: 12 vectors of 8 and a tail of 4
+    # 203 output rows: blocks of 4 and 64 with remainders; 100 inputs: 12 vectors of 8 and a tail of 4 (3 steps
+    # of 32 bfloat16 and a masked tail of 4 on AVX512-BF16)
     w, x, b = (torch.randn(203, 100, generator=g).to(dtype), torch.randn(rows, 100, generator=g).to(dtype),
                torch.randn(203, generator=g).to(dtype))
     ref = cpu_rows.rows_linear_ref(x, w, b)
-    got = cpu_rows.rows_linear(x, w, b)
+    with cpu_library.bf16_dot(dot):
+        got = cpu_rows.rows_linear(x, w, b)
     assert got.dtype == dtype and got.shape == (rows, 203)
     if dtype == torch.float32:
         assert torch.allclose(got, ref, atol=2e-5, rtol=1e-5)
     else:  # the same float32 sum rounded once to bfloat16: at most one bfloat16 step apart
         assert ((got.float() - ref.float()).abs() <= ref.float().abs() * 2 ** -7 + 1e-6).all()
-    assert torch.allclose(cpu_rows.rows_linear(x, w).float(), cpu_rows.rows_linear_ref(x, w).float(),
+    with cpu_library.bf16_dot(dot):
+        no_bias = cpu_rows.rows_linear(x, w)
+    assert torch.allclose(no_bias.float(), cpu_rows.rows_linear_ref(x, w).float(),
                           atol=2e-5 if dtype == torch.float32 else 0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize("inputs", [8, 31, 32, 33, 64, 576])
+@needs_bf16_dot
+def test_the_bf16_dot_path_is_the_product_for_every_input_width(inputs):
+    """Widths below, at and past one 32-wide step (masked tails of 8, 31 and 1): the exact product of the
+    bfloat16 values (float64) rounded once, to within one bfloat16 step; bit for bit the AVX2 path's result
+    wherever that one is exact too, which is nearly everywhere."""
+    g = torch.Generator().manual_seed(inputs)
+    w, x = torch.randn(37, inputs, generator=g).bfloat16(), torch.randn(11, inputs, generator=g).bfloat16()
+    exact = (x.double() @ w.double().t()).float()
+    with cpu_library.bf16_dot(True):
+        dot = cpu_rows.rows_linear(x, w)
+    with cpu_library.bf16_dot(False):
+        avx2 = cpu_rows.rows_linear(x, w)
+    assert ((dot.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+    assert (dot == avx2).float().mean() > 0.97
+
+
+def test_bf16_dot_runs_where_the_cpu_has_it_unless_turned_off():
+    flags = "fpu avx2 fma avx512f avx512bw avx512vl avx512_bf16"
+    assert cpu_library.bf16_dot_wanted(flags, None) and cpu_library.bf16_dot_wanted(flags, "1")
+    assert not cpu_library.bf16_dot_wanted(flags, "0")
+    assert not cpu_library.bf16_dot_wanted("fpu avx2 fma avx512f avx512bw avx512vl", "1")  # 1 cannot force it
+    assert not cpu_library.bf16_dot_wanted("fpu avx2 fma", None)
+    assert cpu_library.bf16_dot_on() == (cpu_library.bf16_dot_here() and cpu_library.BF16_DOT_OVERRIDE != "0")
+    with cpu_library.bf16_dot(False):
+        assert not cpu_library.bf16_dot_on() and "AVX512-BF16 dot" not in linear.machine()
+    if not cpu_library.bf16_dot_here():
+        with pytest.raises(RuntimeError, match="lacks AVX512-BF16"):
+            with cpu_library.bf16_dot(True):
+                pass
 
 
 def test_every_output_row_is_computed_whatever_the_thread_count():

@@ -54,20 +54,23 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import cpu_library, cpu_rows
-from ..kernels.cpu_info import cpu_name, cpu_vendor, cpuinfo
+from ..kernels.cpu_info import cpu_name, cpu_vendor, cpuinfo, vector_extensions
 from . import packed
 
 SHORT_BLOCK_ROWS = 6  # measured crossover on the EPYC: F.linear catches up at 8 rows on SmolLM2's shapes
 
 
 def machine() -> str:
-    """One line for benchmark headers: the CPU, its vendor, the BLAS and what the two rules chose."""
+    """One line for benchmark headers: the CPU, its vendor and vector instructions, the BLAS and what the rules
+    chose."""
     blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
     bf16 = "any number" if LONG_BF16_BLOCKS else cpu_rows.MAX_ROWS
-    short = (f"through specdec's row kernel up to {FLOAT32_KERNEL_ROWS} rows float32, {bf16} bfloat16"
+    dot = " (AVX512-BF16 dot products)" if row_kernel_ready() and cpu_library.bf16_dot_on() else ""
+    short = (f"through specdec's row kernel up to {FLOAT32_KERNEL_ROWS} rows float32, {bf16} bfloat16{dot}"
              if row_kernel_ready() else
              f"weight-first up to {WEIGHT_FIRST_MAX_ROWS} rows (row kernel off: {row_kernel_reason()})")
-    return f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {blas}): short blocks {short}; {packed.describe()}"
+    return (f"{cpu_name()} ({cpu_vendor() or 'vendor unknown'}, {vector_extensions(cpuinfo('flags'))}, {blas}): "
+            f"short blocks {short}; {packed.describe()}")
 
 
 def short_block_rows(vendor: str, blas_is_mkl: bool, override: str | None = None) -> int:

@@ -1,6 +1,6 @@
-"""What CPU this is (/proc/cpuinfo): the CPU kernels check its instruction sets (cpu_library.py), and the
+"""What CPU this is (/proc/cpuinfo): the CPU kernels check its instruction sets (cpu_library.py), the
 machine rules for multiplying linears (hf/linear.py, hf/packed.py) are fixed per vendor, since each was
-measured on one."""
+measured on one, and benchmark headers name both."""
 from __future__ import annotations
 
 import functools
@@ -28,3 +28,12 @@ def cpu_vendor() -> str:
 
 def cpu_name() -> str:
     return cpuinfo("model name") or platform.processor() or "unknown CPU"
+
+
+def vector_extensions(flags: str) -> str:
+    """The widest vector instructions in flags (/proc/cpuinfo's), for a benchmark's machine line: CPUs of one
+    name differ here (AMD EPYC Zen 3: AVX2; Zen 4: AVX512 with AVX512-BF16), and so do their kernels' paths."""
+    have = set(flags.split())
+    found = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX512"), ("avx512_bf16", "AVX512-BF16"),
+                                     ("amx_bf16", "AMX-BF16")) if flag in have]
+    return " + ".join(found) or "no AVX2"

@@ -5,11 +5,13 @@ the paged KV; cpu_layer.cpp, a whole decoder layer of a step, built from the oth
 their build: the C++ compiler inductor also uses (`CXX`, default c++), AVX2 + FMA,
 against the installed torch; cached as SPECDEC_HOME/kernels/cpu_kernels-<hash of the sources, torch,
 compiler>.so (written under a temporary name, then renamed: two processes building at once both end with a
-whole file). `load()` returns why they cannot run (no AVX2/FMA, no compiler, a build error) or None;
+whole file). Where the CPU has AVX512-BF16, bfloat16 products take cpu_rows_bf16.h's path (compiled for it
+in that header alone, switched on here at load; `SPECDEC_BF16_DOT=0` keeps the AVX2 one). `load()` returns why they cannot run (no AVX2/FMA, no compiler, a build error) or None;
 callers fall back to their own torch path then. The ops live in `torch.ops.specdec_cpu`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -24,13 +27,58 @@ from .cpu_info import cpuinfo
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_rows.cpp", "cpu_attention.cpp", "cpu_layer.cpp"))
 # included by the sources: part of the cache key
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_vec.h", "cpu_rows.h", "cpu_attention.h"))
+HEADERS = tuple(Path(__file__).with_name(name)
+                for name in ("cpu_vec.h", "cpu_rows.h", "cpu_rows_bf16.h", "cpu_attention.h"))
 
 
 def cpu_supports() -> bool:
     """Does this CPU have the instructions the kernels are built for (AVX2 and FMA, from /proc/cpuinfo)?"""
     flags = set(cpuinfo("flags").split())
     return {"avx2", "fma"} <= flags
+
+
+# what cpu_rows_bf16.h's path runs on: 512-bit registers and vdpbf16ps (AMD Zen 4, Intel Cooper Lake and later)
+BF16_DOT_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16"})
+
+BF16_DOT_OVERRIDE = os.environ.get("SPECDEC_BF16_DOT")
+if BF16_DOT_OVERRIDE not in (None, "", "0", "1"):
+    raise ValueError(f"SPECDEC_BF16_DOT must be 0 or 1, got {BF16_DOT_OVERRIDE!r}")
+
+
+def bf16_dot_wanted(flags: str, override: str | None = BF16_DOT_OVERRIDE) -> bool:
+    """Should bfloat16 products multiply with AVX512-BF16 dot products (cpu_rows_bf16.h)? Where the CPU has
+    them (flags: /proc/cpuinfo's), unless SPECDEC_BF16_DOT=0 (1, like unset, cannot force instructions the
+    CPU lacks)."""
+    return override != "0" and BF16_DOT_FLAGS <= set(flags.split())
+
+
+def bf16_dot_on() -> bool:
+    """Do the loaded kernels' bfloat16 products run on AVX512-BF16 (False where the library is not loaded)?"""
+    return load() is None and torch.ops.specdec_cpu.bf16_dot()
+
+
+def bf16_dot_here() -> bool:
+    """Does this CPU have what the AVX512-BF16 path runs on (whatever SPECDEC_BF16_DOT says)?"""
+    return bf16_dot_wanted(cpuinfo("flags"), override=None)
+
+
+@contextlib.contextmanager
+def bf16_dot(on: bool) -> Iterator[None]:
+    """The block with the loaded kernels' bfloat16 products on AVX512-BF16 (on) or on AVX2 (off), the loader's
+    choice restored after: benchmarks A/B the two, tests check both. on=True where the CPU lacks the
+    instructions (or the compiler the path) raises instead of running an illegal instruction."""
+    reason = load()
+    if reason is not None:
+        raise RuntimeError(f"specdec's CPU kernels are not loaded: {reason}")
+    if on and not bf16_dot_here():
+        raise RuntimeError(f"this CPU lacks AVX512-BF16 (needs {', '.join(sorted(BF16_DOT_FLAGS))})")
+    before = torch.ops.specdec_cpu.bf16_dot()
+    if torch.ops.specdec_cpu.set_bf16_dot(on) != on:
+        raise RuntimeError("the kernels were built without the AVX512-BF16 path (its pragma is GCC 11+'s)")
+    try:
+        yield
+    finally:
+        torch.ops.specdec_cpu.set_bf16_dot(before)
 
 
 def _compiler() -> str | None:
@@ -91,6 +139,7 @@ def load() -> str | None:
         torch.ops.load_library(str(build(compiler)))
     except (RuntimeError, OSError) as e:
         return str(e)
+    torch.ops.specdec_cpu.set_bf16_dot(bf16_dot_wanted(cpuinfo("flags")))
     from . import cpu_rows
 
     torch.library.register_fake("specdec_cpu::rows_linear")(cpu_rows.fake)  # the compiled step's graphs call it

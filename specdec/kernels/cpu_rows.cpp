@@ -48,7 +48,21 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   return out;
 }
 
+// Whether bfloat16 products take cpu_rows_bf16.h's AVX512-BF16 path from now on (on: only where the CPU has
+// the instructions; cpu_library.py's loader asks /proc/cpuinfo): the setting now in effect, false wherever the
+// compiler could not build the path.
+bool set_bf16_dot(bool on) {
+  specdec_cpu::bf16_dot_enabled() = on && SPECDEC_BF16_DOT;
+  return specdec_cpu::bf16_dot_enabled();
+}
+
+bool bf16_dot() { return specdec_cpu::bf16_dot_enabled(); }
+
 }  // namespace
 
-TORCH_LIBRARY(specdec_cpu, m) { m.def("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor"); }
+TORCH_LIBRARY(specdec_cpu, m) {
+  m.def("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("set_bf16_dot(bool on) -> bool", &set_bf16_dot);
+  m.def("bf16_dot() -> bool", &bf16_dot);
+}
 TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("rows_linear", &rows_linear); }

@@ -20,6 +20,12 @@ namespace specdec_cpu {
 // it (the note on rows below).
 constexpr int64_t PREFETCH_BYTES = 512;
 
+}  // namespace specdec_cpu
+
+#include "cpu_rows_bf16.h"  // the bfloat16 x bfloat16 path on CPUs with AVX512-BF16 (uses PREFETCH_BYTES)
+
+namespace specdec_cpu {
+
 // R weight rows n, n + stride, ..., n + (R - 1) * stride against M rows of x (float32, [M, K], row stride K):
 // out[m, n + r * stride].
 template <int M, int R, typename W, typename O>
@@ -89,13 +95,15 @@ struct Segment {
   int64_t N;
 };
 
-// x [M, K] times several weights of the same K (a layer's q, k and v; its gate and up) in one parallel
-// region: their rows, in quads, split evenly between torch's intra-op threads, so the threads meet once
-// for all of them. Up to 6 rows of x, a thread's rows of a weight are one block (its streams as long as they
-// can be); more, blocks of 64 weight rows meet x in chunks of 4 rows while the block is in cache: 3 streams
-// of 12 products a step instead of one of 7 or 8 (1.1-1.4x for 7-16 rows on the AMD EPYC, kernel alone).
-template <typename W, typename O>
-void product_segments(const float* x, const Segment<W, O>* segments, size_t count, int64_t M, int64_t K) {
+// Several weights of the same K (a layer's q, k and v; its gate and up) in one parallel region: their rows, in
+// quads, split evenly between torch's intra-op threads, so the threads meet once for all of them. Up to
+// max_rows rows of x, a thread's rows of a weight are one block (its streams as long as they can be); more,
+// blocks of 64 weight rows meet x in chunks of `chunk` rows while the block is in cache: for the AVX2 path 3
+// streams of 12 products a step instead of one of 7 or 8 (1.1-1.4x for 7-16 rows on the AMD EPYC, kernel alone).
+// rows_of(rows, m, segment, n0, n1): x's rows [m, m + rows) against the segment's weight rows [n0, n1).
+template <typename W, typename O, typename Rows>
+void split_segments(const Segment<W, O>* segments, size_t count, int64_t M, int64_t max_rows, int64_t chunk,
+                    Rows&& rows_of) {
   std::vector<int64_t> first(count + 1, 0);  // each segment's first quad in the joint numbering
   for (size_t i = 0; i < count; i++) first[i + 1] = first[i] + (segments[i].N + 3) / 4;
   at::parallel_for(0, first[count], 4, [&](int64_t q0, int64_t q1) {
@@ -103,13 +111,35 @@ void product_segments(const float* x, const Segment<W, O>* segments, size_t coun
       const int64_t lo = std::max(q0, first[i]) - first[i], hi = std::min(q1, first[i + 1]) - first[i];
       if (lo >= hi) continue;
       const Segment<W, O>& s = segments[i];
-      const int64_t end = std::min(s.N, hi * 4), block = M <= 6 ? end : 64, chunk = M <= 6 ? M : 4;
+      const int64_t end = std::min(s.N, hi * 4), block = M <= max_rows ? end : 64, step = M <= max_rows ? M : chunk;
       for (int64_t n0 = lo * 4; n0 < end; n0 += block) {
         const int64_t n1 = std::min(end, n0 + block);
-        for (int64_t m = 0; m < M; m += chunk)
-          rows_any(std::min(chunk, M - m), x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
+        for (int64_t m = 0; m < M; m += step) rows_of(std::min(step, M - m), m, s, n0, n1);
       }
     }
+  });
+}
+
+// x [M, K] times several weights of the same K (split_segments). bfloat16 weights on a CPU with AVX512-BF16
+// (bf16_dot_enabled): x rounded to bfloat16 once (exact: see cpu_rows_bf16.h), up to 8 rows of x a tile.
+template <typename W, typename O>
+void product_segments(const float* x, const Segment<W, O>* segments, size_t count, int64_t M, int64_t K) {
+#if SPECDEC_BF16_DOT
+  if constexpr (std::is_same_v<W, c10::BFloat16>)
+    if (bf16_dot_enabled().load(std::memory_order_relaxed)) {
+      std::vector<uint16_t> xb(M * K);
+      for (int64_t j = 0; j < M * K; j++) xb[j] = c10::BFloat16(x[j]).x;
+      split_segments(segments, count, M, 8, 8, [&](int64_t rows, int64_t m, const Segment<W, O>& s, int64_t n0,
+                                                   int64_t n1) {
+        bf16_dot::rows_any(rows, xb.data() + m * K, reinterpret_cast<const uint16_t*>(s.w), s.bias,
+                           s.out + m * s.N, n0, n1, s.N, K);
+      });
+      return;
+    }
+#endif
+  split_segments(segments, count, M, 6, 4, [&](int64_t rows, int64_t m, const Segment<W, O>& s, int64_t n0,
+                                               int64_t n1) {
+    rows_any(rows, x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
   });
 }
 
