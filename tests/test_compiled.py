@@ -107,10 +107,9 @@ def test_greedy_with_and_without_the_attention_kernel(monkeypatch, kernel, graph
 
 
 def test_the_layer_kernel_runs_short_forwards_and_a_wrong_one_is_caught(monkeypatch):
-    """Where kernels/cpu_layer.py runs (the row and attention kernels load), forwards of up to 16 tokens go
-    through it, one call a layer, unpadded (3 rows stay 3), and the 32-token bucket through the graphs; a
-    layer kernel computing something else fails its bucket's check against the lean loop and never reaches
-    the output."""
+    """Where kernels/cpu_layer.py runs (the row and attention kernels load), forwards of up to 32 tokens (every
+    bucket) go through it, one call a layer, unpadded (3 rows stay 3, 21 stay 21); a layer kernel computing
+    something else fails its bucket's check against the lean loop and never reaches the output."""
     if cpu_library.load() is not None:
         pytest.skip(f"the CPU kernels do not load here: {cpu_library.load()}")
     from specdec.kernels import cpu_layer
@@ -123,8 +122,9 @@ def test_the_layer_kernel_runs_short_forwards_and_a_wrong_one_is_caught(monkeypa
     seq, stats = _spec(model, PROMPT, drafter=model, draft_length=2, max_new_tokens=40)
     assert torch.equal(seq, ref) and stats.step == "compiled"
     assert 3 in rows and max(rows) <= 16 and not steps_for(model).failed
+    rows.clear()
     seq, _ = _spec(model, PROMPT, drafter=model, draft_length=20, max_draft_length=20, max_new_tokens=40)
-    assert torch.equal(seq, ref) and 32 in steps_for(model).checked  # 21 rows: the graphs' bucket
+    assert torch.equal(seq, ref) and 32 in steps_for(model).checked and 21 in rows and max(rows) <= 32
 
     model = build("llama", seed=8, scale=3.0)
     monkeypatch.setattr(cpu_layer, "decoder_layer", lambda x, *a, **kw: real(x, *a, **kw).roll(1, -1))
@@ -136,9 +136,9 @@ def test_the_layer_kernel_runs_short_forwards_and_a_wrong_one_is_caught(monkeypa
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_qwen3_and_gemma3_run_the_layer_kernel_and_the_lean_loop_past_it(arch, monkeypatch):
     """Their layers (q/k norms; Gemma's sandwich and (1 + w) norms, GELU, local and global RoPE) are not in
-    the graphs: forwards of up to 16 tokens run the CPU layer kernel (each bucket checked against the lean
-    loop), longer ones (21 rows) the lean loop; HF's greedy output through rollbacks and sliding windows.
-    Where the layer kernel does not run, the whole step is the lean loop."""
+    the graphs: forwards of up to 32 tokens run the CPU layer kernel (each bucket checked against the lean
+    loop: 21 rows too), longer ones (prefill) the lean loop; HF's greedy output through rollbacks and sliding
+    windows. Where the layer kernel does not run, the whole step is the lean loop."""
     if cpu_library.load() is not None:
         pytest.skip(f"the CPU kernels do not load here: {cpu_library.load()}")
     from specdec.kernels import cpu_layer
@@ -151,8 +151,10 @@ def test_qwen3_and_gemma3_run_the_layer_kernel_and_the_lean_loop_past_it(arch, m
     seq, stats = _spec(model, PROMPT, drafter=draft, draft_length=3, max_new_tokens=40)
     assert torch.equal(seq, ref) and stats.accepted_tokens < stats.drafted_tokens
     assert stats.step == "compiled" and 4 in rows and max(rows) <= 16 and not steps_for(model).failed
+    rows.clear()
     seq, _ = _spec(model, PROMPT, drafter=model, draft_length=20, max_draft_length=20, max_new_tokens=40)
-    assert torch.equal(seq, ref) and 32 not in steps_for(model).checked and not steps_for(model).failed
+    assert torch.equal(seq, ref) and 32 in steps_for(model).checked and not steps_for(model).failed
+    assert 21 in rows and max(rows) <= 32
     monkeypatch.setattr(compiled, "product_form", lambda weight: (0, 0, 0))  # no row kernel: no layer kernel
     fresh = build(arch, seed=1, scale=3.0)
     seq, stats = _spec(fresh, PROMPT, max_new_tokens=10)
@@ -293,15 +295,21 @@ def test_runner_refuses_what_the_graphs_do_not_cover():
     assert max(BUCKETS) == 32
 
 
-@pytest.mark.parametrize("rows_count", [3, 6])  # 6 rows: the batch attends laid out padded (RowLayout)
-def test_a_padded_batch_gives_every_row_its_own_greedy_output(target, rows_count, monkeypatch):
-    """A left-padded batch's packed forwards (every row's tokens together, padded to a bucket) through the
-    compiled step: every row is its own HF greedy generation. 6 rows verifying 3 tokens each (18 tokens: the
-    32-token bucket, past the layer kernel's rows) attend laid out padded, row by row, not over one
-    block-diagonal mask (B x the attention work)."""
+@pytest.mark.parametrize("layer_kernel", [True, False])
+@pytest.mark.parametrize("rows_count", [3, 6])  # 6 rows: through the graphs the batch attends laid out padded
+def test_a_padded_batch_gives_every_row_its_own_greedy_output(target, rows_count, layer_kernel, monkeypatch):
+    """A left-padded batch's packed forwards (every row's tokens together) through the compiled step: every
+    row is its own HF greedy generation. Through the layer kernel (where it runs) every forward is one call a
+    layer over the batch's block-diagonal mask (6 rows verifying 3 tokens each: 18 rows); through the graphs
+    (where it does not) the 18 tokens pad to the 32-token bucket and, from PADDED_FROM rows, attend laid out
+    padded, row by row, not over the mask (B x the attention work)."""
     from specdec.hf.batch_runner import PADDED_FROM
     from test_batches import left_padded
     from test_engine_greedy import prompts
+
+    if layer_kernel and cpu_library.load() is not None:
+        pytest.skip(f"the CPU kernels do not load here: {cpu_library.load()}")
+    monkeypatch.setattr(compiled, "layer_kernel_takes", lambda form, attention_kernel: layer_kernel)
 
     calls = []
     real = compiled.attend_rows
@@ -314,7 +322,8 @@ def test_a_padded_batch_gives_every_row_its_own_greedy_output(target, rows_count
     for i, r in enumerate(rows):
         assert torch.equal(out.sequences[i, ids.shape[1]:], hf_greedy(target, r, 20, eos_token_id=None)[0, r.shape[1]:]), i
     assert {s.step for s in out.stats} == {"compiled"} and not steps_for(target).failed
-    assert bool(calls) == (rows_count >= PADDED_FROM) and all(layout.mask.shape[0] == rows_count for layout in calls)
+    padded = rows_count >= PADDED_FROM and not layer_kernel
+    assert bool(calls) == padded and all(layout.mask.shape[0] == rows_count for layout in calls)
 
 
 def test_a_graph_that_fails_after_its_check_falls_back_for_that_forward(graphs_only):

@@ -43,7 +43,7 @@ def _own_pages(args: dict) -> dict:
     return dict(args, k_pages=args["k_pages"].clone(), v_pages=args["v_pages"].clone())
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 16])
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 17, 32])
 @pytest.mark.parametrize("dtype, dot", [
     (torch.float32, False), (torch.bfloat16, False),
     pytest.param(torch.bfloat16, True, marks=pytest.mark.skipif(not cpu_library.bf16_dot_here(),

@@ -12,21 +12,21 @@ such a machine (`product_form`) multiplies every bucket's blocks through specdec
 weight once for both rows) and 3-16 rows weight-first.
 
 Architectures: the graphs compute Llama-form layers (Llama, Mistral, Qwen2); the layer kernel also Qwen3's
-and Gemma 3's (hf/lean_layer.py's forms), so for those the step is the layer kernel up to 16 tokens and the
+and Gemma 3's (hf/lean_layer.py's forms), so for those the step is the layer kernel up to 32 tokens and the
 lean loop beyond, and the lean loop throughout where the layer kernel does not run (`covers`).
 
-The layer kernel: where the row kernel multiplies every bucket up to 16 rows and specdec's CPU kernels
-load (`layer_kernel_takes`), forwards of up to 16 tokens skip the graphs: each layer is one call of
-kernels/cpu_layer.py (the same arithmetic, rounded where the graphs round, attention included), so a
-layer costs one op call instead of a graph call's guards and wrapper and its ops' Python calls. On an AMD
+The layer kernel: where the row kernel multiplies short blocks (up to 16 rows) and specdec's CPU kernels
+load (`layer_kernel_takes`), forwards of up to 32 tokens (every bucket) skip the graphs: each layer is one
+call of kernels/cpu_layer.py (the same arithmetic, rounded where the graphs round, attention included), so
+a layer costs one op call instead of a graph call's guards and wrapper and its ops' Python calls. On an AMD
 EPYC (2 threads, benchmarks/results/compiled_step_amd_epyc.md) a float32 SmolLM2 token costs 19.6 ms
 against 29.8 through the graphs and 39.0 in the lean loop (the weights alone 17.4; the bandwidth line
-21.7 in that run), a bfloat16 one 14.1 against 21.1 and 39.3.
+21.7 in that run), a bfloat16 one 14.1 against 21.1 and 39.3; a 16-node tree's 17-token verification
+(the 32-token bucket) 27 ms against 53 in bfloat16 (cpu_layer.MAX_ROWS).
 
-What is compiled (hf/compiled_graphs.py; for the 32-token bucket, and every bucket where the layer kernel
-does not run): per layer, `_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual,
-norm, MLP, residual) fused with the next layer's `_pre` (`_mid`), and the last layer's `_post` with the
-final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
+What is compiled (hf/compiled_graphs.py; for every bucket where the layer kernel does not run): per layer,
+`_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual, norm, MLP, residual) fused with the
+next layer's `_pre` (`_mid`), and the last layer's `_post` with the final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
 sequence one call of specdec's CPU attention kernel (kernels/cpu_attention.py: the KV page write and the
 attention under the step's mask, where the CPU kernels load), else hf/lean.py's torch ops (page write,
 gather, SDPA); so the compiled graphs see only [bucket, ...] shapes: no dynamic length, nothing that grows
@@ -75,11 +75,12 @@ log = logging.getLogger("specdec")
 
 def layer_kernel_takes(form: tuple, attention_kernel: bool) -> bool:
     """Do forwards of up to cpu_layer.MAX_ROWS tokens run as kernels/cpu_layer.py calls instead of the graphs?
-    Where the attention kernel runs and the row kernel multiplies every such bucket (form: product_form's);
-    SPECDEC_LAYER_KERNEL=0 keeps the graphs."""
+    Where the attention kernel runs and the machine's rule sends short blocks (up to cpu_rows.MAX_ROWS rows)
+    through the row kernel (form: product_form's), whose code the layer's products run; SPECDEC_LAYER_KERNEL=0
+    keeps the graphs."""
     if os.environ.get("SPECDEC_LAYER_KERNEL", "") == "0":
         return False
-    return attention_kernel and form[0] >= cpu_layer.MAX_ROWS
+    return attention_kernel and form[0] >= cpu_rows.MAX_ROWS
 
 
 def attention_kernel_takes(weight: torch.Tensor, head_dim: int) -> bool:

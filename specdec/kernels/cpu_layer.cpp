@@ -1,4 +1,4 @@
-// One Llama-family decoder layer over the 1 to 16 tokens of a decode or verification step, in one call, on x86
+// One Llama-family decoder layer over the 1 to 32 tokens of a decode or verification step, in one call, on x86
 // CPUs with AVX2 + FMA: input norm, q / k / v (+ biases), RoPE, the KV page write and attention, o, residual,
 // post-attention norm, gate / up, SiLU x up, down, residual. Optionally the parts Qwen3 and Gemma 3 add
 // (hf/lean_layer.py LayerForm): per-head q / k norms before RoPE, Gemma's sandwich norms (the attention's and

@@ -60,7 +60,7 @@ inline void tile(const uint16_t* x, const uint16_t* w, const float* bias, O* out
     __m512i wv[R];
     for (int r = 0; r < R; r++) {
       const uint16_t* wr = w + (n + r * stride) * K + k;
-      if constexpr (M >= 2)  // cpu_rows.h's prefetch (PREFETCH_BYTES): once a 64-byte line, which is one step here
+      if constexpr (M >= 4)  // cpu_rows.h's prefetch (PREFETCH_BYTES): once a 64-byte line, which is one step here
         _mm_prefetch(reinterpret_cast<const char*>(wr) + PREFETCH_BYTES, _MM_HINT_T0);
       wv[r] = _mm512_loadu_si512(wr);
     }
