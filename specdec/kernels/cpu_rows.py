@@ -10,7 +10,10 @@ for 2-4), bfloat16 ones (oneDNN without AVX512 there) at 14 GB/s for 1 row down 
 kernel reads each weight row once for all the rows of x, split between torch's intra-op threads: float32
 at 20-22 GB/s for 1-6 rows, 9 GB/s for 16; bfloat16 (widened in registers, half the bytes) in 12-14 ms
 for 1-4 rows where F.linear takes 15-52 ms, 4.4x faster at 16 rows
-(benchmarks/results/cpu_rows_amd_epyc.md). Past 8 rows it is bound by arithmetic, not memory.
+(benchmarks/results/cpu_rows_amd_epyc.md). Past 8 rows it is bound by arithmetic, not memory. Where the CPU
+has AVX512-BF16, bfloat16 products take cpu_rows_bf16.h's dot-product path instead (cpu_library.py switches it
+on): 0.64x the AVX2 path's time at 8-16 rows over SmolLM2's weights, level at 1-4, where memory sets the pace
+(benchmarks/results/bf16_dot_amd_epyc_zen4.md has the step's figures).
 
 Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
 `torch.ops.specdec_cpu.rows_linear`, opaque to torch.compile graphs (its fake implementation: `fake`).
