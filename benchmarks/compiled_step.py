@@ -31,7 +31,7 @@ from specdec.hf.lean import LeanRunner
 from specdec.hf.linear import machine
 
 PREFIX = 200
-# the compiled step twice where its layer kernel runs (kernels/cpu_layer.py, forwards of up to 16 tokens): as it
+# the compiled step twice where its layer kernel runs (kernels/cpu_layer.py, forwards of up to 32 tokens): as it
 # runs by default, and through its inductor graphs (with the attention kernel between them), as it runs
 # where the layer kernel does not
 GRAPHS = "compiled, graphs"
@@ -145,7 +145,7 @@ def main() -> None:
           f"alternating. 'its weights': the step's weight products alone, in the path's own form; 'other' = the "
           f"step minus that (approximate: the products timed alone miss the step's other cache traffic and "
           f"fusions, so it can come out below zero). 'compiled': the step as it runs by default, here one call of "
-          f"specdec's CPU layer kernel a layer for up to 16 tokens (kernels/cpu_layer.py); 'compiled through its "
+          f"specdec's CPU layer kernel a layer for up to 32 tokens (kernels/cpu_layer.py); 'compiled through its "
           f"graphs': the same step through its inductor graphs with the CPU attention kernel between them, as "
           f"where the layer kernel does not run. Bandwidth line: weight bytes / streaming-read bandwidth "
           f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")

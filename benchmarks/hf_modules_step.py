@@ -1,7 +1,7 @@
 """Gemma 3 (or another target) through the compiled step, the lean loop, its own HF modules, and HF's generate().
 
 In one process, per round, each prompt through: HF generate() target-only; specdec with nothing drafted as
-it runs by default (for Gemma 3 since 2026-12-07 the compiled step: forwards of up to 16 tokens one CPU layer
+it runs by default (for Gemma 3 since 2026-12-07 the compiled step: forwards of up to 32 tokens one CPU layer
 kernel call a layer, kernels/cpu_layer.py, where it runs; else the lean loop); the same with
 SPECDEC_COMPILE=0 (the lean loop, hf/lean.py with hf/lean_layer.py's form); and specdec through the target's
 own HF modules (the lean loop's architecture table emptied for the run: what ran Gemma 3 before, with the

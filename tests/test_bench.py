@@ -121,6 +121,15 @@ def test_bench_with_a_low_precision_draft_keeps_the_float32_targets_output(tmp_p
     assert report["modes"]["specdec k=2"]["alpha"] > 0  # the low-precision draft still agrees with the target
 
 
+def test_bench_runs_the_target_in_the_dtype_asked(tmp_path):
+    out = tmp_path / "bench"
+    main(["bench", "--drafter", "ngram", "--dtype", "bfloat16", "--k", "2", "--num-prompts", "1", "--repeats", "1",
+          "--max-new-tokens", "8", "--no-hf", "--head", "none", "--out", str(out), "--threads", "1"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["dtype"] == "bfloat16" and "target target (bfloat16)" in out.with_suffix(".md").read_text()
+    assert report["modes"]["specdec ngram k=2"]["tokens_per_s"] > 0
+
+
 def test_bench_without_a_draft_model_runs_ngram_at_each_k_early_exit_and_the_decode_limit(tmp_path):
     out = tmp_path / "bench.v1"  # a dotted name keeps its dot: bench.v1.json, not bench.json
     main(["bench", "--drafter", "ngram", "--early-exit", "3", "--k", "2", "3", "--num-prompts", "1",

@@ -154,3 +154,39 @@ def test_chat_drafts_a_tree_and_answers_as_the_target_alone(monkeypatch, capsys)
     assert plain.strip() and plain.strip() in answer
     with pytest.raises(SystemExit, match="nodes=40 is more than"):
         main(["chat", "--target", "target", "--tree", "40", "3", "2"])
+
+
+def test_the_target_runs_in_the_dtype_asked_and_a_greedy_difference_is_explained(capsys):
+    """--dtype bfloat16 loads the target in bfloat16 (demo and bench say so); a greedy difference from HF's
+    output is called a near-tie only where HF's own top-2 logits are within a few bfloat16 epsilons, else a bug."""
+    import types
+
+    import torch
+
+    from specdec.cli.run import _greedy_difference
+
+    main(["demo", "--target", "target", "--drafter", "ngram", "--dtype", "bfloat16", "--max-new-tokens", "16",
+          "--repeats", "1", "--no-stream", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert "target target (bfloat16)" in out and "output identical to target-only greedy: " in out
+    assert "please report a bug" not in out
+
+    class Fixed(torch.nn.Module):  # logits [1, n, 4] whose last row's top two are gap apart
+        def __init__(self, gap: float, dtype: torch.dtype):
+            super().__init__()
+            self.gap, self.dtype_ = gap, dtype
+
+        @property
+        def dtype(self):
+            return self.dtype_
+
+        def forward(self, ids):
+            row = torch.tensor([16.0, 16.0 - self.gap, 1.0, 0.0])
+            return types.SimpleNamespace(logits=row.expand(1, ids.shape[1], 4))
+
+    base, got = torch.tensor([[5, 6, 1, 2, 3]]), torch.tensor([[5, 6, 1, 3, 3]])  # 2 prompt tokens, differ at 1
+    assert "near-tie" in _greedy_difference(Fixed(0.125, torch.bfloat16), base, got, 2)
+    assert "from token 1" in _greedy_difference(Fixed(0.125, torch.bfloat16), base, got, 2)
+    assert "please report a bug" in _greedy_difference(Fixed(2.0, torch.bfloat16), base, got, 2)
+    assert "please report a bug" in _greedy_difference(Fixed(0.125, torch.float32), base, got, 2)
+    assert "please report a bug" in _greedy_difference(Fixed(0.125, torch.bfloat16), base, base[:, :4], 2)

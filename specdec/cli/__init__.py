@@ -17,9 +17,14 @@ from .run import cmd_bench, cmd_demo, cmd_select
 from .zoo import cmd_zoo
 
 
-def _add_draft_dtype_arg(parser) -> None:
+def _add_dtype_args(parser) -> None:
+    """--dtype (the target's) and --draft-dtype (a draft model's)."""
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the target's dtype (default float32). bfloat16 reads half the bytes a step; its greedy "
+                             "output is the target's own in bfloat16, where another valid kernel may break a "
+                             "near-tie of two logits differently from HF's forward")
     parser.add_argument("--draft-dtype", choices=("float32", "bfloat16", "int8", "int4"), default="int8",
-                        help="the draft model's dtype (the target stays float32). int8 (default): int8 weight-only "
+                        help="the draft model's dtype (the target's is --dtype). int8 (default): int8 weight-only "
                              "linears computing in bfloat16, a quarter of float32's bytes per draft step "
                              "(specdec.int8_draft); int4: 4-bit weights in groups of 32 (specdec.int4_draft), "
                              "half int8's bytes, a little less acceptance. A draft only proposes, so its "
@@ -85,7 +90,7 @@ def main(argv=None) -> None:
                                                   "target a held-out zoo prompt)")
     d.add_argument("--prompt-index", type=int, default=DEMO_PROMPT_INDEX, help="which held-out zoo prompt (zoo target)")
     _add_sampling_args(d)
-    _add_draft_dtype_arg(d)
+    _add_dtype_args(d)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--repeats", type=int, default=3)
     d.add_argument("--threads", type=int, default=2)
@@ -112,7 +117,7 @@ def main(argv=None) -> None:
     b.add_argument("--out", default="benchmarks/results/bench")
     b.add_argument("--threads", type=int, default=2)
     _add_sampling_args(b)
-    _add_draft_dtype_arg(b)
+    _add_dtype_args(b)
     s = sub.add_parser("select-draft", help="rank candidate drafts for a target: predicted vs measured speedup")
     s.add_argument("--target", default="target")
     s.add_argument("--drafts", nargs="*", help="model names, directories, hub ids, 'ngram' or 'early-exit:LAYER' "
@@ -125,7 +130,7 @@ def main(argv=None) -> None:
     s.add_argument("--max-k", type=int, default=6)
     s.add_argument("--max-new-tokens", type=int, default=64)
     s.add_argument("--out", default="benchmarks/results/select_draft")
-    _add_draft_dtype_arg(s)
+    _add_dtype_args(s)
     s.add_argument("--threads", type=int, default=2)
     ch = sub.add_parser("chat", help="streaming multi-turn chat that keeps the conversation's KV between turns")
     ch.add_argument("--target", default=DEMO_TARGET, help="zoo name ('target': the bundled zoo model), local "
@@ -137,13 +142,13 @@ def main(argv=None) -> None:
     ch.add_argument("--no-status", action="store_true", help="no status line after each answer")
     ch.add_argument("--threads", type=int, default=2)
     _add_sampling_args(ch)
-    _add_draft_dtype_arg(ch)
+    _add_dtype_args(ch)
     def model_args(p):  # chat's model and drafter options, for serve
         p.add_argument("--target", default=DEMO_TARGET, help="zoo name, local directory or hub id")
         p.add_argument("--drafter", default="auto", help=DRAFTER_HELP)
         _add_tree_arg(p)
         p.add_argument("--threads", type=int, default=2)
-        _add_draft_dtype_arg(p)
+        _add_dtype_args(p)
 
     add_serve_parser(sub, model_args)
     z = sub.add_parser("zoo", help="the bundled model zoo: list, train, card")

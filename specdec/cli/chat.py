@@ -14,7 +14,7 @@ def cmd_chat(a) -> None:
 
     torch.set_num_threads(a.threads)
     tree = _tree_spec(a)
-    target, tok = _load(a.target, "target")
+    target, tok = _load(a.target, "target", a.dtype)
     if not a.no_status:
         print("(warming up: the first generation's one-off setup, before the first answer)", file=sys.stderr,
               flush=True)

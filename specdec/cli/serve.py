@@ -35,7 +35,7 @@ def cmd_serve(a) -> None:
         raise SystemExit(f"specdec serve needs its extra ({e.name} is missing): {INSTALL}") from None
     check_port(a.host, a.port)
     torch.set_num_threads(a.threads)
-    target, tok = _load(a.target, "target")
+    target, tok = _load(a.target, "target", a.dtype)
     print("(loading and warming up)", file=sys.stderr, flush=True)
     app, _ = build_app(target, tok, _drafter_arg(a.drafter, tok, a.draft_dtype, target),
                        model_name=a.model_name or a.target, max_queue=a.max_queue, tree=_tree_spec(a),
