@@ -47,7 +47,7 @@ def _own_pages(args: dict) -> dict:
 @pytest.mark.parametrize("dtype, dot", [
     (torch.float32, False), (torch.bfloat16, False),
     pytest.param(torch.bfloat16, True, marks=pytest.mark.skipif(not cpu_library.bf16_dot_here(),
-                                                                reason="this CPU lacks AVX512-BF16"))])
+                                                                reason="no AVX512-BF16 path here (CPU or compiler)"))])
 @pytest.mark.parametrize("biases", [True, False])
 def test_the_layer_is_its_reference_to_rounding(n, dtype, dot, biases):
     """bfloat16 products on AVX2 and (where the CPU has them) on AVX512-BF16 dot products."""

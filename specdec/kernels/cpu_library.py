@@ -57,24 +57,32 @@ def bf16_dot_on() -> bool:
     return load() is None and torch.ops.specdec_cpu.bf16_dot()
 
 
+@functools.cache
 def bf16_dot_here() -> bool:
-    """Does this CPU have what the AVX512-BF16 path runs on (whatever SPECDEC_BF16_DOT says)?"""
-    return bf16_dot_wanted(cpuinfo("flags"), override=None)
+    """Can the AVX512-BF16 path run here (whatever SPECDEC_BF16_DOT says): does the CPU have the instructions, and
+    were the loaded kernels built with the path (its pragma is GCC 11+'s)?"""
+    if not BF16_DOT_FLAGS <= set(cpuinfo("flags").split()) or load() is not None:
+        return False
+    before = torch.ops.specdec_cpu.bf16_dot()
+    built = torch.ops.specdec_cpu.set_bf16_dot(True)
+    torch.ops.specdec_cpu.set_bf16_dot(before)
+    return built
 
 
 @contextlib.contextmanager
 def bf16_dot(on: bool) -> Iterator[None]:
     """The block with the loaded kernels' bfloat16 products on AVX512-BF16 (on) or on AVX2 (off), the loader's
-    choice restored after: benchmarks A/B the two, tests check both. on=True where the CPU lacks the
-    instructions (or the compiler the path) raises instead of running an illegal instruction."""
+    choice restored after: benchmarks A/B the two, tests check both. on=True where the path cannot run (the CPU
+    lacks the instructions, or the compiler the path) raises instead of running an illegal instruction."""
     reason = load()
     if reason is not None:
         raise RuntimeError(f"specdec's CPU kernels are not loaded: {reason}")
     if on and not bf16_dot_here():
-        raise RuntimeError(f"this CPU lacks AVX512-BF16 (needs {', '.join(sorted(BF16_DOT_FLAGS))})")
-    before = torch.ops.specdec_cpu.bf16_dot()
-    if torch.ops.specdec_cpu.set_bf16_dot(on) != on:
+        if not BF16_DOT_FLAGS <= set(cpuinfo("flags").split()):
+            raise RuntimeError(f"this CPU lacks AVX512-BF16 (needs {', '.join(sorted(BF16_DOT_FLAGS))})")
         raise RuntimeError("the kernels were built without the AVX512-BF16 path (its pragma is GCC 11+'s)")
+    before = torch.ops.specdec_cpu.bf16_dot()
+    torch.ops.specdec_cpu.set_bf16_dot(on)
     try:
         yield
     finally:
