@@ -4,8 +4,10 @@ For each dtype and forward size n (a decode step n = 1, a verification n = 4 or 
 prefix, alternating the two paths: the lean loop (hf/lean.py, what step="bitwise" runs) and the compiled
 step. Beside each: the time of the step's weight products alone (the same products, in the same form
 each path uses, over the same weights: the step's 'weights' share; the rest is norms, RoPE, attention,
-residuals and dispatch) and the memory-bandwidth line (weight bytes over the streaming-read bandwidth
-measured in the same run). Median of `--repeats` rounds.
+residuals and dispatch) and the memory-bandwidth line (weight bytes over the streaming-read bandwidth of a
+sum timed in every round beside the steps: a shared host's bandwidth moves within minutes, so a line taken
+once at the start, as before 2026-12-07, could sit far from the moment of the steps). Median of `--repeats`
+rounds.
 
     python benchmarks/compiled_step.py --target smollm2-135m-instruct --dtypes float32 bfloat16 \
         --out benchmarks/results/compiled_step.md
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from specdec import zoo
 from specdec.cache.pool import BlockTable, PagePool
-from specdec.cli.bench import memory_bandwidth, weight_bytes_per_step
+from specdec.cli.bench import weight_bytes_per_step
 from specdec.files import write_text
 from specdec.hf import compiled, compiled_graphs
 from specdec.kernels import cpu_rows
@@ -63,7 +65,9 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(model, n: int, repeats: int) -> dict:
+def measure(model, n: int, repeats: int, stream: torch.Tensor) -> dict:
+    """Median seconds per path (and its weight products alone) for forwards of n tokens; 'read': a sum over
+    stream (far larger than any cache) timed in every round beside them, the memory's pace at that moment."""
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (PREFIX,), generator=gen)
@@ -95,7 +99,7 @@ def measure(model, n: int, repeats: int) -> dict:
     hidden = {w: torch.randn(n, w, dtype=dt) for w in {model.config.hidden_size, model.config.intermediate_size}}
     g = compiled.product_form(model.lm_head.weight)
     prods = {"lean": products(model, g, runners["lean"][0]), "compiled": products(model, g, None)}
-    rounds = {k: [] for k in (*paths, "lean weights", "compiled weights")}
+    rounds = {k: [] for k in (*paths, "lean weights", "compiled weights", "read")}
     with torch.no_grad(), specdec_attention(model):
         for name in paths:  # warm
             step(name)
@@ -106,6 +110,7 @@ def measure(model, n: int, repeats: int) -> dict:
                 rounds[name].append(timed(lambda: step(name), 3))
                 if name in prods:
                     rounds[name + " weights"].append(timed(lambda: prods[name](hidden), 3))
+            rounds["read"].append(timed(stream.sum, 3))
     for runner, table in runners.values():
         table.release()
     return {k: statistics.median(v) for k, v in rounds.items()}
@@ -121,21 +126,27 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    read_bw = memory_bandwidth()["read"]
+    # the host's memory bandwidth moves within minutes (25-56 GB/s on one shared EPYC): the line is taken from a
+    # read timed in every round beside the steps, not from one measurement at the start
+    stream = torch.ones(1 << 26)  # 256 MB
     rows = ["| dtype | n (bucket) | lean ms | its weights ms | other ms | compiled ms | its weights ms | other ms | "
-            "compiled / lean | compiled through its graphs ms | bandwidth line ms |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "compiled / lean | compiled through its graphs ms | bandwidth line ms (read bandwidth) | compiled / line |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    bandwidths = []
     for name in a.dtypes:
         dt = getattr(torch, name)
         model, _ = zoo.load(a.target, dtype=dt)
-        line = weight_bytes_per_step(model) / read_bw * 1e3
         for n in a.sizes:
-            r = measure(model, n, a.repeats)
+            r = measure(model, n, a.repeats, stream)
             ms = {k: v * 1e3 for k, v in r.items()}
+            read_bw = stream.numel() * stream.element_size() / r["read"]
+            line = weight_bytes_per_step(model) / read_bw * 1e3
+            bandwidths.append(read_bw)
             rows.append(f"| {name} | {n} ({bucket_for(n)}) | {ms['lean']:.1f} | {ms['lean weights']:.1f} | "
                         f"{ms['lean'] - ms['lean weights']:.1f} | {ms['compiled']:.1f} | {ms['compiled weights']:.1f} | "
                         f"{ms['compiled'] - ms['compiled weights']:.1f} | {ms['compiled'] / ms['lean']:.2f} | " +
-                        (f"{ms[GRAPHS]:.1f} | " if GRAPHS in ms else "- | ") + f"{line:.1f} |")
+                        (f"{ms[GRAPHS]:.1f} | " if GRAPHS in ms else "- | ") + f"{line:.1f} ({read_bw / 1e9:.0f} GB/s) | "
+                        f"{ms['compiled'] / line:.2f} |")
             print(rows[-1], flush=True)
     cmd = "python benchmarks/compiled_step.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
@@ -147,8 +158,9 @@ def main() -> None:
           f"fusions, so it can come out below zero). 'compiled': the step as it runs by default, here one call of "
           f"specdec's CPU layer kernel a layer for up to 32 tokens (kernels/cpu_layer.py); 'compiled through its "
           f"graphs': the same step through its inductor graphs with the CPU attention kernel between them, as "
-          f"where the layer kernel does not run. Bandwidth line: weight bytes / streaming-read bandwidth "
-          f"({read_bw / 1e9:.1f} GB/s, measured in this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
+          f"where the layer kernel does not run. Bandwidth line: weight bytes / streaming-read bandwidth, a sum "
+          f"over 256 MB timed in every round beside the steps (median per row; {min(bandwidths) / 1e9:.0f}-"
+          f"{max(bandwidths) / 1e9:.0f} GB/s over this run).\n\nMachine: {machine()}.\n\n" + "\n".join(rows) + "\n")
     print(md)
     if a.out:
         write_text(a.out, md)
