@@ -337,7 +337,7 @@ def test_the_demo_by_default_runs_smollm2_with_lookup_in_front_of_its_head(smoll
     main(["demo", "--max-new-tokens", "24", "--repeats", "1", "--no-stream", "--threads", "1"])
     out = capsys.readouterr().out
     assert "in the chat template, held-out" in out and DEMO_REQUEST in out
-    assert "target smollm2-135m-instruct  drafter ngram+smollm2-135m-instruct-head" in out
+    assert "target smollm2-135m-instruct (float32)  drafter ngram+smollm2-135m-instruct-head" in out
     assert "output identical to target-only greedy: yes" in out
 
 
