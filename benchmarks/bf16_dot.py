@@ -16,6 +16,8 @@ per-round ratios.
    either way; reported, not hidden, as issue 45 asks).
 
     python benchmarks/bf16_dot.py --out benchmarks/results/bf16_dot_amd_epyc_zen4.md
+    python benchmarks/bf16_dot.py --target qwen2.5-coder-1.5b-instruct --no-generation --step-rounds 9 \
+        --out benchmarks/results/bf16_dot_qwen2.5-coder_amd_epyc_zen4.md
 """
 from __future__ import annotations
 
@@ -63,11 +65,10 @@ def ratio(times: dict[str, list[float]]) -> float:
     return statistics.median(b / a for a, b in zip(times["AVX2"], times["AVX512-BF16"]))
 
 
-def step_rows(model, rounds: int) -> list[str]:
+def step_rows(model, rounds: int, sizes: list[int]) -> list[str]:
     pool = PagePool(32, 16)
     table = BlockTable(pool, "cpu")
     runner = CompiledRunner.for_model(model, pool, table)
-    sizes = (1, 2, 4, 8, 16)
     for n in sizes:
         runner.prepare(n)
     g = torch.Generator().manual_seed(0)
@@ -93,7 +94,7 @@ def step_rows(model, rounds: int) -> list[str]:
 
 def generation_rows(target, tok, a) -> list[str]:
     ids = [torch.tensor([render(tok, text)]) for text in read("chat.jsonl")[:a.num_prompts]]
-    head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(TARGET)), target)
+    head = FeatureHead.from_pretrained(zoo.path(zoo.head_for(a.target)), target)
     modes = {"nothing drafted": specdec.wrap(target, draft_length=0),
              "head adaptive (chain)": specdec.wrap(target, drafter=head),
              "head dynamic tree (16, 5, 4), adaptive": specdec.wrap(target, drafter=head,
@@ -144,6 +145,9 @@ def generation_rows(target, tok, a) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=TARGET, help="a real zoo target; the generation part needs its shipped head")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the step's token counts")
+    ap.add_argument("--no-generation", action="store_true", help="the step part only")
     ap.add_argument("--step-rounds", type=int, default=25)
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -153,16 +157,19 @@ def main() -> None:
     if not cpu_library.bf16_dot_here():
         raise SystemExit("this CPU lacks AVX512-BF16: nothing to compare")
     torch.set_num_threads(a.threads)
-    target, tok = zoo.load(TARGET, dtype=torch.bfloat16)
-    steps = step_rows(target, a.step_rounds)
-    gens = generation_rows(target, tok, a)
+    if not a.no_generation and not zoo.head_for(a.target):
+        raise SystemExit(f"no head ships for {a.target}: pass --no-generation (the step part only)")
+    target, tok = zoo.load(a.target, dtype=torch.bfloat16)
+    steps = step_rows(target, a.step_rounds, a.sizes)
+    generation = "" if a.no_generation else (
+        f"\n\n## Generation: {a.num_prompts} chat prompts x {a.max_new_tokens} tokens, greedy, both paths per "
+        "prompt in alternating order\n\n" + "\n".join(generation_rows(target, tok, a)) +
+        f"\n\nbfloat16 epsilon: {torch.finfo(torch.bfloat16).eps:.2g}.")
     command = " ".join(["python benchmarks/bf16_dot.py", *sys.argv[1:]])
     write_text(a.out, f"# bfloat16 products: AVX512-BF16 dot products against AVX2\n\n`{command}`\n\n"
-               f"{TARGET} in bfloat16, {a.threads} threads. Machine: {machine()}.\n\n"
+               f"{a.target} in bfloat16, {a.threads} threads. Machine: {machine()}.\n\n"
                f"## The compiled step, {PREFIX}-token prefix, {a.step_rounds} alternating rounds\n\n"
-               + "\n".join(steps) + f"\n\n## Generation: {a.num_prompts} chat prompts x {a.max_new_tokens} tokens, "
-               "greedy, both paths per prompt in alternating order\n\n" + "\n".join(gens) + "\n"
-               f"\nbfloat16 epsilon: {torch.finfo(torch.bfloat16).eps:.2g}.\n")
+               + "\n".join(steps) + generation + "\n")
 
 
 if __name__ == "__main__":
