@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ttft_prompts import read, render  # noqa: E402
 
 import specdec  # noqa: E402
+from specdec.cli.bench import first_difference  # noqa: E402
 from specdec import zoo  # noqa: E402
 from specdec.cache.pool import BlockTable, PagePool  # noqa: E402
 from specdec.drafters import FeatureHead, LookupFirst  # noqa: E402
@@ -130,7 +131,7 @@ def generation_rows(target, tok, a) -> list[str]:
                 got = out.sequences[0, p.shape[1]:].tolist()
                 tokens[name] += len(got)
                 same[name] += got == hf[i][0]
-                first = next((t for t, (x, y) in enumerate(zip(got, hf[i][0])) if x != y), None)
+                first = first_difference(got, hf[i][0])
                 if first is not None:
                     gap = max(gap, hf[i][1][first])
                 drafted[name][0] += sum(out.stats.accepted_by_position)

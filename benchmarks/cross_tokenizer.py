@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import specdec  # noqa: E402
-from specdec.cli.bench import load_prompts  # noqa: E402
+from specdec.cli.bench import first_difference, load_prompts, top2_gap  # noqa: E402
 from specdec.drafters import CrossTokenizerDrafter, LookupFirst  # noqa: E402
 from specdec.files import write_text  # noqa: E402
 from specdec.hf.mapped_offload import mapped_offload  # noqa: E402
@@ -63,18 +63,12 @@ def offload_last_layers(model, count: int, folder: str):
     return dispatch_model(model, dmap, offload_dir=folder)
 
 
-def top2_gap(target, ref: torch.Tensor, seq: torch.Tensor, prompt_len: int) -> float:
+def mismatch_gap(target, ref: torch.Tensor, seq: torch.Tensor, prompt_len: int) -> float:
     """HF's own top-2 logit gap, relative to the top logit, where seq [1, T'] first leaves the target-only output
-    ref [1, T] (one forward of the target over ref up to there): in bfloat16 a gap within a few epsilons is a
-    near-tie another valid kernel may break either way; anything larger would be a bug (0 where seq is a prefix
-    of ref or the reverse: a length difference)."""
-    at = next((i for i, (x, y) in enumerate(zip(seq[0, prompt_len:].tolist(), ref[0, prompt_len:].tolist())) if x != y),
-              None)
-    if at is None:
-        return 0.0
-    with torch.no_grad():
-        top = target(ref[:, :prompt_len + at]).logits[0, -1].float().topk(2).values
-    return ((top[0] - top[1]) / top[0].abs()).item()
+    ref [1, T]: in bfloat16 a gap within a few epsilons is a near-tie another valid kernel may break either way;
+    anything larger would be a bug (0 where one is a prefix of the other: a length difference)."""
+    at = first_difference(seq[0, prompt_len:].tolist(), ref[0, prompt_len:].tolist())
+    return 0.0 if at is None else top2_gap(target, ref, prompt_len + at)[1]
 
 
 def gap_note(row: dict) -> str:
@@ -261,7 +255,7 @@ def main() -> None:
                 ref = seq
             elif not torch.equal(seq, ref):
                 rows[name]["mismatch"] += 1
-                rows[name]["gap"] = max(rows[name]["gap"], top2_gap(target, ref, seq, ids.shape[1]))
+                rows[name]["gap"] = max(rows[name]["gap"], mismatch_gap(target, ref, seq, ids.shape[1]))
             print(f"prompt {i} {name}: {rows[name]['tps'][-1]:.2f} tok/s", flush=True)
     def ran(tps: float) -> bool:  # a failed run's tok/s is NaN
         return not math.isnan(tps)

@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     a = ap.parse_args()
     from specdec import zoo
+    from specdec.cli.bench import first_difference
 
     torch.set_num_threads(2)
     dtype = getattr(torch, a.dtype)
@@ -48,7 +49,7 @@ def main() -> None:
         for mode, rows in run["modes"].items():
             for j, row in enumerate(rows):
                 tokens, logits = ref[j % len(ref)]
-                at = next((t for t, (x, y) in enumerate(zip(row["tokens"], tokens)) if x != y), None)
+                at = first_difference(row["tokens"], tokens)
                 if at is None:
                     continue
                 top = logits[at].topk(2).values

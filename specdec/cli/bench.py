@@ -162,6 +162,20 @@ def run_bench(target, draft, prompts: list[torch.Tensor], n: int = 128, k=4, rep
     return report
 
 
+def first_difference(got: list[int], ref: list[int]) -> int | None:
+    """The first position where two token lists differ (None where one is a prefix of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(got, ref)) if x != y), None)
+
+
+def top2_gap(target, ref: torch.Tensor, length: int) -> tuple[float, float]:
+    """The target's own top-2 logit gap (absolute, and relative to the top logit) for the token after ref's
+    first `length` tokens (ref [1, T]; one forward): where a greedy output leaves HF's, a bfloat16 gap within a
+    few epsilons is a near-tie another valid kernel may break either way."""
+    with torch.no_grad():
+        top = target(ref[:, :length]).logits[0, -1].float().topk(2).values
+    return (top[0] - top[1]).item(), ((top[0] - top[1]) / top[0].abs()).item()
+
+
 def weight_bytes_per_step(model) -> int:
     """Bytes of weights one decode step reads: every parameter once (tied ones once), except an untied input
     embedding table, of which a step reads one row."""

@@ -82,7 +82,8 @@ def cmd_demo(a) -> None:
     print(f"  TTFT {s.ttft_s * 1e3:.1f} ms   prefill {s.prefill_s * 1e3:.1f} ms (both models)   "
           f"TPOT {s.tpot_s * 1e3:.2f} ms   decode {s.decode_s:.2f} s (draft {s.draft_s:.2f} s, verify {s.verify_s:.2f} s)")
     if not a.do_sample:
-        print(f"  output identical to target-only greedy: {'yes' if same else _greedy_difference(target, base, spec_runs[0].sequences, ids.shape[1])}")
+        verdict = "yes" if same else _greedy_difference(target, base, spec_runs[0].sequences, ids.shape[1])
+        print(f"  output identical to target-only greedy: {verdict}")
 
 
 def _greedy_difference(target, base, got, prompt_len: int) -> str:
@@ -91,17 +92,15 @@ def _greedy_difference(target, base, got, prompt_len: int) -> str:
     another valid kernel's rounding decides it, which is said; anything else is a bug to report."""
     import torch
 
-    at = next((i for i, (x, y) in enumerate(zip(got[0, prompt_len:].tolist(), base[0, prompt_len:].tolist()))
-               if x != y), None)
+    from .bench import first_difference, top2_gap
+
+    at = first_difference(got[0, prompt_len:].tolist(), base[0, prompt_len:].tolist())
     if at is None:  # one is a prefix of the other: a length difference, no token differs
         return "NO (please report a bug)"
-    with torch.no_grad():
-        logits = target(base[:, :prompt_len + at]).logits[0, -1].float()
-    top = logits.topk(2).values
-    relative = ((top[0] - top[1]) / top[0].abs()).item()
+    gap, relative = top2_gap(target, base, prompt_len + at)
     eps = torch.finfo(target.dtype).eps
     if target.dtype == torch.bfloat16 and relative <= 4 * eps:
-        return (f"no, from token {at}, where HF's own top-2 logits are {(top[0] - top[1]).item():.3g} apart "
+        return (f"no, from token {at}, where HF's own top-2 logits are {gap:.3g} apart "
                 f"(relative {relative:.2g}; bfloat16's epsilon {eps:.2g}): a near-tie another valid kernel breaks "
                 "either way")
     return f"NO (please report a bug): from token {at}, HF's top-2 logits {relative:.2g} apart (relative)"
