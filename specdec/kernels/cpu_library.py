@@ -6,8 +6,9 @@ their build: the C++ compiler inductor also uses (`CXX`, default c++), AVX2 + FM
 against the installed torch; cached as SPECDEC_HOME/kernels/cpu_kernels-<hash of the sources, torch,
 compiler>.so (written under a temporary name, then renamed: two processes building at once both end with a
 whole file). Where the CPU has AVX512-BF16, bfloat16 products take cpu_rows_bf16.h's path (compiled for it
-in that header alone, switched on here at load; `SPECDEC_BF16_DOT=0` keeps the AVX2 one). `load()` returns why they cannot run (no AVX2/FMA, no compiler, a build error) or None;
-callers fall back to their own torch path then. The ops live in `torch.ops.specdec_cpu`.
+in that header alone, switched on here at load; `SPECDEC_BF16_DOT=0` keeps the AVX2 one). `load()` returns
+why they cannot run (no AVX2/FMA, no compiler, a build error) or None; callers fall back to their own torch
+path then. The ops live in `torch.ops.specdec_cpu`.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def bf16_dot_on() -> bool:
 def bf16_dot_here() -> bool:
     """Can the AVX512-BF16 path run here (whatever SPECDEC_BF16_DOT says): does the CPU have the instructions, and
     were the loaded kernels built with the path (its pragma is GCC 11+'s)?"""
-    if not BF16_DOT_FLAGS <= set(cpuinfo("flags").split()) or load() is not None:
+    if not bf16_dot_wanted(cpuinfo("flags"), override=None) or load() is not None:
         return False
     before = torch.ops.specdec_cpu.bf16_dot()
     built = torch.ops.specdec_cpu.set_bf16_dot(True)
@@ -78,7 +79,7 @@ def bf16_dot(on: bool) -> Iterator[None]:
     if reason is not None:
         raise RuntimeError(f"specdec's CPU kernels are not loaded: {reason}")
     if on and not bf16_dot_here():
-        if not BF16_DOT_FLAGS <= set(cpuinfo("flags").split()):
+        if not bf16_dot_wanted(cpuinfo("flags"), override=None):
             raise RuntimeError(f"this CPU lacks AVX512-BF16 (needs {', '.join(sorted(BF16_DOT_FLAGS))})")
         raise RuntimeError("the kernels were built without the AVX512-BF16 path (its pragma is GCC 11+'s)")
     before = torch.ops.specdec_cpu.bf16_dot()

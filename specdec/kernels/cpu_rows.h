@@ -71,21 +71,6 @@ void rows(const float* x, const W* w, const float* bias, O* out, int64_t n0, int
   for (int64_t n = n0 + part * R; n < n1; n++) tile<M, 1>(x, w, bias, out, n, 1, N, K);
 }
 
-// rows<M> for a run-time M of 1 to 6
-template <typename W, typename O>
-void rows_any(int64_t M, const float* x, const W* w, const float* bias, O* out, int64_t n0, int64_t n1, int64_t N,
-              int64_t K) {
-  switch (M) {
-    case 1: return rows<1>(x, w, bias, out, n0, n1, N, K);
-    case 2: return rows<2>(x, w, bias, out, n0, n1, N, K);
-    case 3: return rows<3>(x, w, bias, out, n0, n1, N, K);
-    case 4: return rows<4>(x, w, bias, out, n0, n1, N, K);
-    case 5: return rows<5>(x, w, bias, out, n0, n1, N, K);
-    case 6: return rows<6>(x, w, bias, out, n0, n1, N, K);
-    default: TORCH_CHECK(false, "rows_any: 1 to 6 rows of x a call (product_segments chunks more), got ", M);
-  }
-}
-
 // One weight of a product_segments call: w [N, K], its bias [N] or null, its output out [M, N].
 template <typename W, typename O>
 struct Segment {
@@ -131,15 +116,19 @@ void product_segments(const float* x, const Segment<W, O>* segments, size_t coun
       for (int64_t j = 0; j < M * K; j++) xb[j] = c10::BFloat16(x[j]).x;
       split_segments(segments, count, M, 8, 8, [&](int64_t rows, int64_t m, const Segment<W, O>& s, int64_t n0,
                                                    int64_t n1) {
-        bf16_dot::rows_any(rows, xb.data() + m * K, reinterpret_cast<const uint16_t*>(s.w), s.bias,
-                           s.out + m * s.N, n0, n1, s.N, K);
+        with_row_count<8>(rows, [&](auto count) {
+          bf16_dot::rows<decltype(count)::value>(xb.data() + m * K, reinterpret_cast<const uint16_t*>(s.w), s.bias,
+                                                 s.out + m * s.N, n0, n1, s.N, K);
+        });
       });
       return;
     }
 #endif
   split_segments(segments, count, M, 6, 4, [&](int64_t rows, int64_t m, const Segment<W, O>& s, int64_t n0,
                                                int64_t n1) {
-    rows_any(rows, x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
+    with_row_count<6>(rows, [&](auto count) {
+      specdec_cpu::rows<decltype(count)::value>(x + m * K, s.w, s.bias, s.out + m * s.N, n0, n1, s.N, K);
+    });
   });
 }
 

@@ -98,22 +98,6 @@ void rows(const uint16_t* x, const uint16_t* w, const float* bias, O* out, int64
   for (int64_t n = n0 + part * R; n < n1; n++) tile<M, 1>(x, w, bias, out, n, 1, N, K);
 }
 
-template <typename O>
-void rows_any(int64_t M, const uint16_t* x, const uint16_t* w, const float* bias, O* out, int64_t n0, int64_t n1,
-              int64_t N, int64_t K) {
-  switch (M) {
-    case 1: return rows<1>(x, w, bias, out, n0, n1, N, K);
-    case 2: return rows<2>(x, w, bias, out, n0, n1, N, K);
-    case 3: return rows<3>(x, w, bias, out, n0, n1, N, K);
-    case 4: return rows<4>(x, w, bias, out, n0, n1, N, K);
-    case 5: return rows<5>(x, w, bias, out, n0, n1, N, K);
-    case 6: return rows<6>(x, w, bias, out, n0, n1, N, K);
-    case 7: return rows<7>(x, w, bias, out, n0, n1, N, K);
-    case 8: return rows<8>(x, w, bias, out, n0, n1, N, K);
-    default: TORCH_CHECK(false, "bf16_dot::rows_any: 1 to 8 rows of x a call, got ", M);
-  }
-}
-
 }  // namespace specdec_cpu::bf16_dot
 
 #pragma GCC pop_options
