@@ -25,18 +25,18 @@ against 29.8 through the graphs and 39.0 in the lean loop (the weights alone 17.
 (the 32-token bucket) 27 ms against 53 in bfloat16 (cpu_layer.MAX_ROWS).
 
 What is compiled (hf/compiled_graphs.py; for every bucket where the layer kernel does not run): per layer,
-`_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual, norm, MLP, residual) fused with the
-next layer's `_pre` (`_mid`), and the last layer's `_post` with the final norm and the LM head (`_last`). Between them attention stays outside the graphs: for a single
-sequence one call of specdec's CPU attention kernel (kernels/cpu_attention.py: the KV page write and the
-attention under the step's mask, where the CPU kernels load), else hf/lean.py's torch ops (page write,
-gather, SDPA); so the compiled graphs see only [bucket, ...] shapes: no dynamic length, nothing that grows
-with the KV, no state of the sequence. The kernel took a bfloat16 one-token step from 39.0 ms to 29.4
-and a float32 8-token one from 51.0 to 42.7 (benchmarks/results/compiled_step_amd_epyc.md). A forward of n
-tokens pads to the smallest bucket >= n (BUCKETS; pad rows are zeros, their outputs dropped); longer
-forwards (prefill) and what the graphs do not cover (entry at a later layer, a quantized draft's joined
-products) take the lean loop. A packed batch (hf/batch_runner.py) runs its rows' tokens together through
-the same buckets: through the graphs attention row by row as the lean loop does it, through the layer
-kernel over the batch's block-diagonal mask.
+`_pre` (input norm, q/k/v, RoPE) and `_post` (o projection, residual, norm, MLP, residual) fused with the next
+layer's `_pre` (`_mid`), and the last layer's `_post` with the final norm and the LM head (`_last`). Between
+them attention stays outside the graphs: for a single sequence one call of specdec's CPU attention kernel
+(kernels/cpu_attention.py: the KV page write and the attention under the step's mask, where the CPU kernels
+load), else hf/lean.py's torch ops (page write, gather, SDPA); so the compiled graphs see only [bucket, ...]
+shapes: no dynamic length, nothing that grows with the KV, no state of the sequence. The kernel took a
+bfloat16 one-token step from 39.0 ms to 29.4 and a float32 8-token one from 51.0 to 42.7
+(benchmarks/results/compiled_step_amd_epyc.md). A forward of n tokens pads to the smallest bucket >= n
+(BUCKETS; pad rows are zeros, their outputs dropped); longer forwards (prefill) and what the graphs do not
+cover (entry at a later layer, a quantized draft's joined products) take the lean loop. A packed batch
+(hf/batch_runner.py) runs its rows' tokens together through the same buckets: through the graphs attention row
+by row as the lean loop does it, through the layer kernel over the batch's block-diagonal mask.
 
 Exactness: the graphs compute the same math as HF's modules in another rounding (fused loops, other
 summation order), so logits differ from HF's eager ones in the last bits; the promise kept is the
