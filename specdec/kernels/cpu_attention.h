@@ -1,5 +1,5 @@
 // One layer's attention over the paged KV as templates, for cpu_attention.cpp's op and cpu_layer.cpp's decoder
-// layer: every query row's heads over the slots it reads, the Hq / Hkv heads of a KV group together.
+// layer: every query row's heads over the slots it reads, a few rows' heads of a KV group against each key row.
 #pragma once
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_vec.h"
@@ -43,61 +44,89 @@ inline __m256 hsum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-// scores[t] = q . k_t for the keys at k[t], t < Tk (D % 8 == 0, q float32): eight keys at a time, each its
-// own accumulator, reduced together
+// Q query vectors (q [Q, D], float32) against the keys at k[t] + off, t < Tk (D % 8 == 0): scores [Q, stride]
+// get scores[j * stride + t] = q_j . k_t. Every score is 8 lanes of multiply-adds over D, summed by hsum8's tree
+// (hsum for the last Tk % 8 keys): eight keys of one query, or four keys of two queries, a tile, so a key row read
+// once serves two queries and every score's arithmetic is the same in either tile.
 template <typename T>
-void dots(const float* q, const T* const* k, float* scores, int64_t Tk, int64_t D) {
-  int64_t t = 0;
-  for (; t + 8 <= Tk; t += 8) {
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load8(k[t + j] + d), acc[j]);
+void dots(const float* q, int64_t Q, const T* const* k, int64_t off, float* scores, int64_t stride, int64_t Tk,
+          int64_t D) {
+  const int64_t full = Tk / 8 * 8;
+  int64_t j = 0;
+  for (; j + 2 <= Q; j += 2)  // two queries, four keys a tile
+    for (int64_t t = 0; t < full; t += 4) {
+      __m256 acc[8];
+      for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 q0 = _mm256_loadu_ps(q + j * D + d), q1 = _mm256_loadu_ps(q + (j + 1) * D + d);
+        for (int c = 0; c < 4; c++) {
+          const __m256 kv = load8(k[t + c] + off + d);
+          acc[c] = _mm256_fmadd_ps(q0, kv, acc[c]);
+          acc[4 + c] = _mm256_fmadd_ps(q1, kv, acc[4 + c]);
+        }
+      }
+      const __m256 sums = hsum8(acc);
+      _mm_storeu_ps(scores + j * stride + t, _mm256_castps256_ps128(sums));
+      _mm_storeu_ps(scores + (j + 1) * stride + t, _mm256_extractf128_ps(sums, 1));
     }
-    _mm256_storeu_ps(scores + t, hsum8(acc));
-  }
-  for (; t < Tk; t++) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k[t] + d), acc);
-    scores[t] = hsum(acc);
-  }
+  for (; j < Q; j++)  // one query, eight keys a tile
+    for (int64_t t = 0; t < full; t += 8) {
+      __m256 acc[8];
+      for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + j * D + d);
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(qv, load8(k[t + c] + off + d), acc[c]);
+      }
+      _mm256_storeu_ps(scores + j * stride + t, hsum8(acc));
+    }
+  for (j = 0; j < Q; j++)
+    for (int64_t t = full; t < Tk; t++) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), load8(k[t] + off + d), acc);
+      scores[j * stride + t] = hsum(acc);
+    }
 }
 
-// out[C * 8] += sum_t p[t] v_t[0, C * 8) over t < Tk, out held in C registers
-template <int C, typename T>
-void add_weighted_lanes(const float* p, const T* const* v, float* out, int64_t Tk) {
-  __m256 acc[C];
-  for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(out + 8 * c);
+// acc[j, c0 .. c0 + 8 C) += sum_t p[j * stride + t] v_t[off + c0 ..) for QB queries j, t < Tk in order, held in
+// QB x C registers: each value row read once for QB queries
+template <int QB, int C, typename T>
+void weighted_tile(const float* p, int64_t stride, const T* const* v, int64_t off, float* acc, int64_t D, int64_t Tk) {
+  __m256 a[QB][C];
+  for (int j = 0; j < QB; j++)
+    for (int c = 0; c < C; c++) a[j][c] = _mm256_loadu_ps(acc + j * D + 8 * c);
   for (int64_t t = 0; t < Tk; t++) {
-    const __m256 pv = _mm256_set1_ps(p[t]);
-    for (int c = 0; c < C; c++) acc[c] = _mm256_fmadd_ps(pv, load8(v[t] + 8 * c), acc[c]);
+    __m256 vv[C];
+    for (int c = 0; c < C; c++) vv[c] = load8(v[t] + off + 8 * c);
+    for (int j = 0; j < QB; j++) {
+      const __m256 pv = _mm256_set1_ps(p[j * stride + t]);
+      for (int c = 0; c < C; c++) a[j][c] = _mm256_fmadd_ps(pv, vv[c], a[j][c]);
+    }
   }
-  for (int c = 0; c < C; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+  for (int j = 0; j < QB; j++)
+    for (int c = 0; c < C; c++) _mm256_storeu_ps(acc + j * D + 8 * c, a[j][c]);
 }
 
-// out[D] += sum_t p[t] v_t over t < Tk (D % 8 == 0), 64 lanes at a time
+// weighted_tile over lanes [0, D) for QB queries: C register columns (8 lanes each) at a time, then the lanes
+// left one column at a time
+template <int QB, int C, typename T>
+void weighted_lanes(const float* p, int64_t stride, const T* const* v, int64_t off, float* acc, int64_t D,
+                    int64_t Tk) {
+  int64_t d = 0;
+  for (; d + 8 * C <= D; d += 8 * C) weighted_tile<QB, C>(p, stride, v, off + d, acc + d, D, Tk);
+  for (; d < D; d += 8) weighted_tile<QB, 1>(p, stride, v, off + d, acc + d, D, Tk);
+}
+
+// acc [Q, D] += p [Q, stride] (first Tk columns) @ the value rows v[t] + off [Tk, D] (D % 8 == 0): per query
+// and lane a sum over t in order. Tiles of 8 accumulators (4 queries x 16 lanes, 2 x 32, 1 x 64): each
+// accumulator's chain of multiply-adds waits on itself once a key, so 8 of them keep both FMA units busy.
 template <typename T>
-void add_weighted(const float* p, const T* const* v, float* out, int64_t Tk, int64_t D) {
-  std::vector<const T*> shifted;
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    const T* const* vv = v;
-    if (d0) {  // the same rows, d0 lanes on
-      shifted.resize(Tk);
-      for (int64_t t = 0; t < Tk; t++) shifted[t] = v[t] + d0;
-      vv = shifted.data();
-    }
-    switch (std::min<int64_t>(64, D - d0) / 8) {
-      case 1: add_weighted_lanes<1>(p, vv, out + d0, Tk); break;
-      case 2: add_weighted_lanes<2>(p, vv, out + d0, Tk); break;
-      case 3: add_weighted_lanes<3>(p, vv, out + d0, Tk); break;
-      case 4: add_weighted_lanes<4>(p, vv, out + d0, Tk); break;
-      case 5: add_weighted_lanes<5>(p, vv, out + d0, Tk); break;
-      case 6: add_weighted_lanes<6>(p, vv, out + d0, Tk); break;
-      case 7: add_weighted_lanes<7>(p, vv, out + d0, Tk); break;
-      default: add_weighted_lanes<8>(p, vv, out + d0, Tk); break;
-    }
-  }
+void add_weighted(const float* p, int64_t Q, int64_t stride, const T* const* v, int64_t off, float* acc,
+                  int64_t Tk, int64_t D) {
+  int64_t j = 0;
+  for (; j + 4 <= Q; j += 4) weighted_lanes<4, 2>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
+  for (; j + 2 <= Q; j += 2) weighted_lanes<2, 4>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
+  for (; j < Q; j++) weighted_lanes<1, 8>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
 }
 
 // sc[t] = e^(sc[t] - max) over the keys row i may see (m[t]; m null: all), 0 for the others; returns the sum
@@ -135,80 +164,145 @@ inline float softmax_numerators(float* sc, const bool* m, int64_t Tk, float* max
   return total;
 }
 
-constexpr int64_t KEY_BLOCK = 32;  // keys read from the pages once per block, then from L1 by every head of the group
-constexpr int64_t PART_KEYS = 256;  // keys a part where a pair's keys are split between threads
+// asks for the cache lines of a slot's row [count] (hint: _MM_HINT_T0 to L1, _MM_HINT_T1 to L2)
+template <typename T>
+inline void prefetch_row(const T* p, int64_t count, int hint) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < count * int64_t(sizeof(T)); b += 64)
+    hint == _MM_HINT_T0 ? _mm_prefetch(c + b, _MM_HINT_T0) : _mm_prefetch(c + b, _MM_HINT_T1);
+}
 
-// Every (query row i, KV group g) pair: the group's Hq / Hkv heads attend together, so each key and value
-// row comes from memory once for all of them. Where few pairs read many keys (a decode step: one row, Hkv
-// pairs, a long context), each pair's keys are split into parts attended in parallel, each part with its own
-// max, sum and weighted values, merged after (flash-decoding): SmolLM2 one token over 800 keys ran on one
-// thread for 3 pairs.
+// rows[0 .. count) of `row` values (row % 8 == 0) as float32 rows: float32 pages' rows as they are; bfloat16
+// ones widened once into buf (count x row), so that each of the heads reading them does no conversion of its own
+template <typename T>
+inline const float* const* float_rows(const T* const* rows, int64_t count, int64_t row, std::vector<float>& buf,
+                                      std::vector<const float*>& ptrs) {
+  if constexpr (std::is_same_v<T, float>) {
+    return rows;
+  } else {
+    for (int64_t t = 0; t < count; t++) {
+      float* dst = buf.data() + t * row;
+      for (int64_t j = 0; j < row; j += 8) _mm256_storeu_ps(dst + j, load8(rows[t] + j));
+      ptrs[t] = dst;
+    }
+    return ptrs.data();
+  }
+}
+
+constexpr int64_t KEY_BLOCK = 32;  // keys read from the pages once per block, then from L1 by every query
+constexpr int64_t PART_KEYS = 256;  // the most keys a part where few items would share the keys out
+constexpr int64_t ITEM_ROWS = 4;    // the most query rows an item (the rows shared out evenly between items)
+constexpr int64_t MIN_ITEMS = 8;    // fewer row items than this: the keys split into parts too
+
+// How many keys a part holds, for `items` row items over Tk keys: every key where the items are enough to share
+// out (MIN_ITEMS) or the keys too few to split (under 2 * KEY_BLOCK); else the keys in MIN_ITEMS / items parts
+// (whole blocks), at most PART_KEYS a part. Set by the shapes alone, so the numbers do not change with the
+// thread count.
+inline int64_t part_span(int64_t items, int64_t Tk) {
+  if (items >= MIN_ITEMS || Tk < 2 * KEY_BLOCK) return std::max<int64_t>(Tk, 1);
+  const int64_t parts = (MIN_ITEMS + items - 1) / items;
+  const int64_t span = ((Tk + parts - 1) / parts + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+  return std::min(span, PART_KEYS);
+}
+
+// Every (up to ITEM_ROWS query rows, part of the keys) item: all the rows' heads attend over the part's keys
+// block by block. A block's key rows ([Hkv, D] a slot, contiguous in the pages) are asked for a block ahead and
+// its value rows while its keys are used (the pages come from memory after a step's weights have streamed
+// through the caches), then each KV group's slice of them, widened once where bfloat16, serves every head of
+// every row that reads it (dots, add_weighted). Where the items are few (a decode step), the keys are split into
+// parts attended in parallel, each part with its own max, sum and weighted values per head, merged after
+// (flash-decoding). A head's arithmetic is the same whichever item holds it.
 template <typename T, typename Q, typename O>
 void attend_all(const Q* q, const T* kc, const T* vc, const int64_t* read, const bool* mask, float scale, O* out,
                 int64_t n, int64_t Hq, int64_t Hkv, int64_t D, int64_t Tk) {
-  const int64_t group = Hq / Hkv, row = Hkv * D, pairs = n * Hkv;  // row: a slot's stride in the pages
-  const int64_t pair_work = std::max<int64_t>(Tk * D * 2 * group, 1);
-  // keys a part: PART_KEYS where few pairs read many keys, else all (a split set by the shapes alone, so the
-  // numbers do not change with the thread count)
-  const int64_t span = pairs < 8 && Tk >= 2 * PART_KEYS ? PART_KEYS : std::max<int64_t>(Tk, 1);
-  const int64_t parts = std::max<int64_t>(1, (Tk + span - 1) / span);
-  // a part's max, sum and weighted values per head, kept for the merge where there are several
-  std::vector<float> part_max(parts > 1 ? pairs * parts * group : 0), part_sum(part_max.size()),
+  const int64_t group = Hq / Hkv, row = Hkv * D;  // row: a slot's stride in the pages
+  const int64_t chunks = (n + ITEM_ROWS - 1) / ITEM_ROWS;
+  const int64_t span = part_span(chunks, Tk), parts = std::max<int64_t>(1, (Tk + span - 1) / span);
+  // a part's max, sum and weighted values per (row, head), kept for the merge where there are several
+  std::vector<float> part_max(parts > 1 ? parts * n * Hq : 0), part_sum(part_max.size()),
       part_acc(part_max.size() * D);
-  // one thread unless there is work for more: chunks of (pair, part) items of at least 2^16 multiply-adds
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(pair_work / parts, 1));
-  at::parallel_for(0, pairs * parts, grain, [&](int64_t a0, int64_t a1) {
-    std::vector<float> scores(group * span), qf(group * D), acc(group * D), top(group), sum(group);
-    std::vector<const T*> keys(span), vals(span);
+  // one thread unless there is work for more: chunks of items of at least 2^16 multiply-adds
+  const int64_t item_work = std::max<int64_t>(span * D * 2 * std::min(n, ITEM_ROWS) * Hq, 1);
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / item_work);
+  at::parallel_for(0, chunks * parts, grain, [&](int64_t a0, int64_t a1) {
+    const int64_t most = ITEM_ROWS * Hq;  // query vectors an item, group g's (rows x group) together
+    std::vector<float> scores(most * span), qf(most * D), acc(most * D), top(most), sum(most);
+    std::vector<const T*> keys(span), vals(span), slice(KEY_BLOCK);
+    std::vector<float> block(std::is_same_v<T, float> ? 0 : KEY_BLOCK * D);  // a group's slice widened
+    std::vector<const float*> block_rows(KEY_BLOCK);
     for (int64_t a = a0; a < a1; a++) {
-      const int64_t pair = a / parts, part = a % parts, i = pair / Hkv, g = pair % Hkv;
-      const int64_t t_begin = part * span, len = std::min(Tk, t_begin + span) - t_begin;
-      const bool* m = mask ? mask + i * Tk + t_begin : nullptr;
+      const int64_t part = a % parts, chunk = a / parts;
+      const int64_t i0 = chunk * n / chunks, rows = (chunk + 1) * n / chunks - i0;
+      const int64_t t_begin = part * span, len = std::min(Tk, t_begin + span) - t_begin, per_group = rows * group;
+      // query vector (g * rows + r) * group + j: row i0 + r's head g * group + j
+      auto head = [&](int64_t v) {
+        const int64_t g = v / per_group, r = v % per_group / group, j = v % group;
+        return (i0 + r) * Hq + g * group + j;
+      };
       for (int64_t t = 0; t < len; t++) {
-        keys[t] = kc + read[t_begin + t] * row + g * D;
-        vals[t] = vc + read[t_begin + t] * row + g * D;
+        keys[t] = kc + read[t_begin + t] * row;
+        vals[t] = vc + read[t_begin + t] * row;
       }
-      for (int64_t j = 0; j < group; j++)
-        for (int64_t d = 0; d < D; d++) qf[j * D + d] = widen(q[(i * Hq + g * group + j) * D + d]) * scale;
-      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK)
-        for (int64_t j = 0; j < group; j++)
-          dots(qf.data() + j * D, keys.data() + t0, scores.data() + j * span + t0, std::min(KEY_BLOCK, len - t0), D);
-      for (int64_t j = 0; j < group; j++) sum[j] = softmax_numerators(scores.data() + j * span, m, len, &top[j]);
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK)
-        for (int64_t j = 0; j < group; j++)
-          add_weighted(scores.data() + j * span + t0, vals.data() + t0, acc.data() + j * D, std::min(KEY_BLOCK, len - t0), D);
-      if (parts == 1) {
-        for (int64_t j = 0; j < group; j++) {
-          O* o = out + (i * Hq + g * group + j) * D;
-          const float inv = 1.f / sum[j];
-          for (int64_t d = 0; d < D; d++) o[d] = O(acc[j * D + d] * inv);
+      for (int64_t v = 0; v < rows * Hq; v++)
+        for (int64_t d = 0; d < D; d++) qf[v * D + d] = widen(q[head(v) * D + d]) * scale;
+      for (int64_t t = 0; t < std::min(len, KEY_BLOCK); t++) prefetch_row(keys[t], row, _MM_HINT_T0);
+      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK) {
+        const int64_t count = std::min(KEY_BLOCK, len - t0);
+        for (int64_t t = t0 + KEY_BLOCK; t < std::min(len, t0 + 2 * KEY_BLOCK); t++)
+          prefetch_row(keys[t], row, _MM_HINT_T0);
+        for (int64_t t = t0; t < t0 + count; t++) prefetch_row(vals[t], row, _MM_HINT_T1);
+        for (int64_t g = 0; g < Hkv; g++) {
+          for (int64_t t = 0; t < count; t++) slice[t] = keys[t0 + t] + g * D;
+          const float* const* k = float_rows(slice.data(), count, D, block, block_rows);
+          dots(qf.data() + g * per_group * D, per_group, k, 0, scores.data() + g * per_group * span + t0, span, count,
+               D);
         }
-        continue;
       }
-      std::copy(top.begin(), top.end(), part_max.begin() + a * group);
-      std::copy(sum.begin(), sum.end(), part_sum.begin() + a * group);
-      std::copy(acc.begin(), acc.end(), part_acc.begin() + a * group * D);
+      for (int64_t v = 0; v < rows * Hq; v++) {
+        const int64_t r = v % per_group / group;
+        sum[v] = softmax_numerators(scores.data() + v * span, mask ? mask + (i0 + r) * Tk + t_begin : nullptr, len,
+                                    &top[v]);
+      }
+      std::fill(acc.begin(), acc.begin() + rows * Hq * D, 0.f);
+      for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK) {
+        const int64_t count = std::min(KEY_BLOCK, len - t0);
+        for (int64_t g = 0; g < Hkv; g++) {
+          for (int64_t t = 0; t < count; t++) slice[t] = vals[t0 + t] + g * D;
+          const float* const* v = float_rows(slice.data(), count, D, block, block_rows);
+          add_weighted(scores.data() + g * per_group * span + t0, per_group, span, v, 0, acc.data() + g * per_group * D,
+                       count, D);
+        }
+      }
+      for (int64_t v = 0; v < rows * Hq; v++) {
+        const int64_t h = head(v);
+        if (parts == 1) {
+          O* o = out + h * D;
+          const float inv = 1.f / sum[v];
+          for (int64_t d = 0; d < D; d++) o[d] = O(acc[v * D + d] * inv);
+        } else {
+          part_max[h * parts + part] = top[v];
+          part_sum[h * parts + part] = sum[v];
+          std::copy_n(acc.begin() + v * D, D, part_acc.begin() + (h * parts + part) * D);
+        }
+      }
     }
   });
   if (parts == 1) return;
   std::vector<float> merged(D);
-  for (int64_t pair = 0; pair < pairs; pair++)
-    for (int64_t j = 0; j < group; j++) {
-      float top = -std::numeric_limits<float>::infinity(), total = 0.f;
-      for (int64_t p = 0; p < parts; p++) top = std::max(top, part_max[(pair * parts + p) * group + j]);
-      std::fill(merged.begin(), merged.end(), 0.f);
-      for (int64_t p = 0; p < parts; p++) {
-        const int64_t at = (pair * parts + p) * group + j;
-        if (part_sum[at] == 0.f) continue;  // a part the row sees none of
-        const float w = std::exp(part_max[at] - top);
-        total += w * part_sum[at];
-        for (int64_t d = 0; d < D; d++) merged[d] += w * part_acc[at * D + d];
-      }
-      const int64_t i = pair / Hkv, g = pair % Hkv;
-      O* o = out + (i * Hq + g * group + j) * D;
-      for (int64_t d = 0; d < D; d++) o[d] = O(merged[d] / total);
+  for (int64_t h = 0; h < n * Hq; h++) {  // h: row i's head (i * Hq + head)
+    float top = -std::numeric_limits<float>::infinity(), total = 0.f;
+    for (int64_t p = 0; p < parts; p++) top = std::max(top, part_max[h * parts + p]);
+    std::fill(merged.begin(), merged.end(), 0.f);
+    for (int64_t p = 0; p < parts; p++) {
+      const int64_t at = h * parts + p;
+      if (part_sum[at] == 0.f) continue;  // a part the row sees none of
+      const float w = std::exp(part_max[at] - top);
+      total += w * part_sum[at];
+      for (int64_t d = 0; d < D; d++) merged[d] += w * part_acc[at * D + d];
     }
+    O* o = out + h * D;
+    for (int64_t d = 0; d < D; d++) o[d] = O(merged[d] / total);
+  }
 }
 
 // pages [S, row] at slots [n] = rows [n, row] (converted to the pages' type): a step's new keys or values

@@ -4,14 +4,17 @@ then each query head attends over the slots the step reads, under the step's mas
 
 Why: between two of the compiled step's graphs (hf/compiled.py) a layer's attention was a dozen small torch
 ops (the page write, views, transposes, the mask, SDPA, reshapes): on an AMD EPYC about 100-150 us a layer
-for a few microseconds of arithmetic, 3-4 ms of a 32 ms SmolLM2 step. The kernel does it in one call,
-the Hq / Hkv heads of a KV group reading each key and value row once together, in float32 (bfloat16
-widened in registers), one thread unless there is enough work for more (a decode step over 512 keys or more
-splits each KV group's keys into parts attended on the threads and merged). Measured there (the compiled step
-through its graphs, with and without it; commit c608de1's compiled_step_amd_epyc.md): a bfloat16 one-token
-step 29.4 ms against 39.0 (SDPA on one bfloat16 query costs about 190 us), a float32 8-token one 42.7
-against 51.0. kernels/cpu_layer.py's layer kernel runs the same attention inside its layer. Its result differs from SDPA's in
-the last bits (another summation order and exp), like the compiled graphs' own arithmetic.
+for a few microseconds of arithmetic, 3-4 ms of a 32 ms SmolLM2 step. The kernel does it in one call, in
+float32 (bfloat16 widened once a block of 32 keys): items of up to 4 query rows, each block's key and value
+rows read from the pages once for every head of those rows (four keys of two queries, or four queries' value
+sums, a register tile), the next block asked for ahead; where the items are fewer than 4 (a decode step) the
+keys split into parts too, attended on the threads and merged (flash-decoding). Measured when it replaced the
+SDPA ops (the compiled step through its graphs; commit c608de1's compiled_step_amd_epyc.md): a bfloat16
+one-token step 29.4 ms against 39.0 (SDPA on one bfloat16 query costs about 190 us), a float32 8-token one
+42.7 against 51.0; the row items and tiles against its first form (a (row, KV group) pair an item, a key row
+read per head): benchmarks/results/kernels_ab_attention_amd_epyc_zen4.md. kernels/cpu_layer.py's layer kernel
+runs the same attention inside its layer. Its result differs from SDPA's in the last bits (another summation
+order and exp), like the compiled graphs' own arithmetic.
 
 Built and loaded with the other CPU kernels (kernels/cpu_library.py: call its `load()` first). The op is
 `torch.ops.specdec_cpu.attend_pages`; it mutates the page tensors it is given (declared in its schema).
