@@ -16,13 +16,21 @@ namespace specdec_cpu {
 // line takes longer to consume, and the hardware prefetchers alone left the memory idle between tiles: the
 // SmolLM2 step (AMD EPYC Zen 4, 2 threads, in-process A/B of 25 alternating rounds, 3-4 runs) 6-8 % faster for 4
 // tokens in bfloat16 and 3-4 % for 8, 1-4 % for 4 in float32, level for 1, 2, 8 and 16 in float32 within the
-// +-3 % these runs moved by (256 or 512 bytes ahead alike; 4 KB slower). One row of x streams fastest without
-// it (the note on rows below).
+// +-3 % these runs moved by (256 or 512 bytes ahead alike; 4 KB slower). One row of x asks further ahead
+// instead (below).
 constexpr int64_t PREFETCH_BYTES = 512;
+
+// One row of x (a decode step's products; up to 3 on the AVX512-BF16 path) asks for its weight rows' lines
+// further ahead and into L2 only: the memory, not the multiply-adds, sets that pace, and the hardware
+// prefetchers alone left it below the streaming line between the short streams of a step's many products.
+// AMD EPYC Zen 4, SmolLM2's weights, 2 threads, in-process A/B: bfloat16 (AVX512-BF16 path, one and two rows
+// of x) 0.85x the time for the 210 products of a step and 0.91x the one-token step's 30 layers; float32 0.95x
+// the layers (1, 2 or 4 KB ahead alike; 1 KB into L1, measured before, gained nothing).
+constexpr int64_t ONE_ROW_PREFETCH_BYTES = 2048;
 
 }  // namespace specdec_cpu
 
-#include "cpu_rows_bf16.h"  // the bfloat16 x bfloat16 path on CPUs with AVX512-BF16 (uses PREFETCH_BYTES)
+#include "cpu_rows_bf16.h"  // the bfloat16 x bfloat16 path on CPUs with AVX512-BF16 (uses the prefetch distances)
 
 namespace specdec_cpu {
 
@@ -41,6 +49,11 @@ inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t 
       if (k % (64 / sizeof(W)) == 0)
         for (int r = 0; r < R; r++)
           _mm_prefetch(reinterpret_cast<const char*>(w + (n + r * stride) * K + k) + PREFETCH_BYTES, _MM_HINT_T0);
+    if constexpr (M == 1)  // (ONE_ROW_PREFETCH_BYTES)
+      if (k % (64 / sizeof(W)) == 0)
+        for (int r = 0; r < R; r++)
+          _mm_prefetch(reinterpret_cast<const char*>(w + (n + r * stride) * K + k) + ONE_ROW_PREFETCH_BYTES,
+                       _MM_HINT_T1);
     for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r * stride) * K + k);
     for (int m = 0; m < M; m++) {
       __m256 xv = load8(x + m * K + k);

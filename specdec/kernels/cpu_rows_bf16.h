@@ -62,6 +62,8 @@ inline void tile(const uint16_t* x, const uint16_t* w, const float* bias, O* out
       const uint16_t* wr = w + (n + r * stride) * K + k;
       if constexpr (M >= 4)  // cpu_rows.h's prefetch (PREFETCH_BYTES): once a 64-byte line, which is one step here
         _mm_prefetch(reinterpret_cast<const char*>(wr) + PREFETCH_BYTES, _MM_HINT_T0);
+      else  // fewer rows: further ahead, into L2 (ONE_ROW_PREFETCH_BYTES: 0.84-0.85x the time at one and two rows)
+        _mm_prefetch(reinterpret_cast<const char*>(wr) + ONE_ROW_PREFETCH_BYTES, _MM_HINT_T1);
       wv[r] = _mm512_loadu_si512(wr);
     }
     for (int m = 0; m < M; m++) {
