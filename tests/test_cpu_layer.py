@@ -172,3 +172,36 @@ def test_bad_input_gets_an_error_naming_it_and_writes_nothing(change, message):
     with pytest.raises(RuntimeError, match=message):
         cpu_layer.decoder_layer(**args)
     assert torch.equal(args["k_pages"], before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [False, True])
+def test_the_final_norm_op_is_hfs_norm_to_rounding(dtype, offset):
+    """rms_norm_rows (the compiled step's final norm) against transformers' own RMSNorm modules: Llama's (the row
+    rounded, then times w) and Gemma 3's ((1 + w) in float32, rounded once); a norm without its weight fails."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 100, generator=g) * 3).to(dtype)  # 100: the scalar tail after 96 vector lanes
+    norm = Gemma3RMSNorm(100, eps=1e-6) if offset else LlamaRMSNorm(100, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(100, generator=g) / 4 + (0 if offset else 1))
+    norm = norm.to(dtype)
+    eps = norm.eps if offset else norm.variance_epsilon
+    with torch.no_grad():
+        ref = norm(x)
+    got = cpu_layer.rms_norm_rows(x, norm.weight, eps, offset)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1 / 64, atol=1e-3)  # bf16: 1-2 ulp
+    torch.testing.assert_close(got.float(), ref.float(), **tol)
+    unweighted = cpu_layer.rms_norm_rows(x, torch.zeros(100, dtype=dtype) if offset else torch.ones(100, dtype=dtype),
+                                         eps, offset)
+    assert not torch.allclose(unweighted.float(), ref.float(), **tol)
+
+
+def test_the_final_norm_op_names_a_bad_weight():
+    with pytest.raises(RuntimeError, match=r"weight \[8\], contiguous, of x's dtype"):
+        cpu_layer.rms_norm_rows(torch.randn(2, 8), torch.ones(9), 1e-5)
+    with pytest.raises(RuntimeError, match=r"weight \[8\], contiguous, of x's dtype"):
+        cpu_layer.rms_norm_rows(torch.randn(2, 8), torch.ones(8, dtype=torch.bfloat16), 1e-5)

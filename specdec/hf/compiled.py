@@ -153,6 +153,8 @@ class CompiledRunner(LeanRunner):
         # and whole layers through kernels/cpu_layer.py for forwards of up to cpu_layer.MAX_ROWS tokens
         self.layer_kernel = layer_kernel_takes(self.form, self.attention_kernel)
         self.layer_args = [kernel_layer_args(layer, layer_form, self.act) for layer in inner.layers]
+        # the final norm's arguments for the layer kernel's own norm op (cpu_layer.rms_norm_rows)
+        self.final_norm_args = (inner.norm.weight, self.dims[3], layer_form.offset_norms)
         self.compile_s = 0.0  # seconds this runner spent compiling (and checking) buckets
 
     def block_mask_batch(self, n: int) -> bool:
@@ -313,8 +315,8 @@ class CompiledRunner(LeanRunner):
 
     def _layers(self, x, meta, need, logits_rows) -> torch.Tensor:
         """The forward as one kernels/cpu_layer.py call a layer (no padding to the bucket: the kernel takes any
-        row count; a packed batch attends over its block-diagonal mask), then the final norm and the LM
-        head's rows through the row kernel."""
+        row count; a packed batch attends over its block-diagonal mask), then the final norm (the layer kernel's
+        own, one op) and the LM head's rows through the row kernel."""
         ropes = {key: self._rope(meta.q_pos, x.dtype, need, key) for key in self._rope_params}  # [n, D] each
         Hq, Hkv, D, eps = self.dims
         want, top = set(self.capture), len(self.layers)
@@ -329,10 +331,10 @@ class CompiledRunner(LeanRunner):
             if i + 1 in want and i + 1 < top:
                 kept[i + 1] = x
         if top in want:
-            kept[top] = self.final_norm(x)
+            kept[top] = cpu_layer.rms_norm_rows(x, *self.final_norm_args)
             normed = _select_rows(kept[top], logits_rows)
         else:
-            normed = self.final_norm(_select_rows(x, logits_rows))
+            normed = cpu_layer.rms_norm_rows(_select_rows(x, logits_rows), *self.final_norm_args)
         if want:
             self.last_features = torch.cat([kept[layer] for layer in self.capture], dim=-1)
         return self.capped(cpu_rows.rows_linear(normed, self.head_w))

@@ -303,6 +303,32 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
   return out;
 }
 
+// x [n, H] -> each row's RMS norm times weight [H] (rms_norm above; offset_norms: Gemma's (1 + w) form), in
+// x's dtype: the final norm before the LM head, one call where it was six torch ops on a row (0.2 ms of a
+// 12 ms SmolLM2 bfloat16 step)
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, bool offset_norms) {
+  const char* op = "rms_norm_rows";
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, op, ": x [n, H] on the CPU, got ", x.sizes());
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, op, ": float32 or bfloat16, got ", dt);
+  TORCH_CHECK(weight.sizes() == at::IntArrayRef({x.size(1)}) && weight.scalar_type() == dt && weight.is_contiguous(),
+              op, ": weight [", x.size(1), "], contiguous, of x's dtype, got ", weight.sizes(), " ",
+              weight.scalar_type());
+  const int64_t n = x.size(0), H = x.size(1);
+  at::Tensor out = at::empty({n, H}, x.options());
+  std::vector<float> xf(n * H);
+  specdec_cpu::with_float_type(dt, [&](auto zero) {
+    using T = decltype(zero);
+    const at::Tensor xc = x.contiguous();
+    const T* xp = xc.data_ptr<T>();
+    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xp[j]);
+    rms_norm(xf.data(), weight.data_ptr<T>(), xf.data(), n, H, float(eps), offset_norms);
+    T* o = out.data_ptr<T>();
+    for (int64_t j = 0; j < n * H; j++) o[j] = T(xf[j]);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
@@ -310,5 +336,9 @@ TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
         "Tensor(b!) v_pages, Tensor write_slots, Tensor read_slots, Tensor? mask, float scale, float eps, int heads, "
         "int kv_heads, Tensor? qkv_input=None, Tensor? q_norm=None, Tensor? k_norm=None, Tensor? attn_out_norm=None, "
         "Tensor? mlp_out_norm=None, bool offset_norms=False, str activation=\"silu\") -> Tensor");
+  m.def("rms_norm_rows(Tensor x, Tensor weight, float eps, bool offset_norms=False) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) { m.impl("decoder_layer", &decoder_layer); }
+TORCH_LIBRARY_IMPL(specdec_cpu, CPU, m) {
+  m.impl("decoder_layer", &decoder_layer);
+  m.impl("rms_norm_rows", &rms_norm_rows);
+}

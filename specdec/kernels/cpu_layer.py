@@ -50,6 +50,12 @@ def decoder_layer(x, weights, qkv_bias, cos, sin, k_pages, v_pages, write_slots,
                                                k_norm, attn_out_norm, mlp_out_norm, offset_norms, activation)
 
 
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, offset_norms: bool = False) -> torch.Tensor:
+    """x [n, H] -> each row's RMS norm times weight [H] (offset_norms: Gemma's (1 + w)), in x's dtype: the layer
+    kernel's own norm as one op (the compiled step's final norm); reference: _rms."""
+    return torch.ops.specdec_cpu.rms_norm_rows(x, weight, eps, offset_norms)
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
