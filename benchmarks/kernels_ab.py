@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specdec.files import write_text  # noqa: E402
 from specdec.hf.linear import machine  # noqa: E402
 from specdec.kernels import cpu_library  # noqa: E402
 
@@ -136,9 +137,7 @@ def main() -> None:
         "between the two libraries' layer outputs.", "", f"Machine: {machine()}.", "",
         "| n | T | baseline ms | working tree ms | ratio | diff |", "|---|---|---|---|---|---|", *rows, ""])
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        write_text(args.out, text)
     print(text)
 
 

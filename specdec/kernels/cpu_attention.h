@@ -44,13 +44,12 @@ inline __m256 hsum8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-// Q query vectors (q [Q, D], float32) against the keys at k[t] + off, t < Tk (D % 8 == 0): scores [Q, stride]
+// Q query vectors (q [Q, D], float32) against the keys at k[t], t < Tk (D % 8 == 0): scores [Q, stride]
 // get scores[j * stride + t] = q_j . k_t. Every score is 8 lanes of multiply-adds over D, summed by hsum8's tree
 // (hsum for the last Tk % 8 keys): eight keys of one query, or four keys of two queries, a tile, so a key row read
 // once serves two queries and every score's arithmetic is the same in either tile.
 template <typename T>
-void dots(const float* q, int64_t Q, const T* const* k, int64_t off, float* scores, int64_t stride, int64_t Tk,
-          int64_t D) {
+void dots(const float* q, int64_t Q, const T* const* k, float* scores, int64_t stride, int64_t Tk, int64_t D) {
   const int64_t full = Tk / 8 * 8;
   int64_t j = 0;
   for (; j + 2 <= Q; j += 2)  // two queries, four keys a tile
@@ -60,7 +59,7 @@ void dots(const float* q, int64_t Q, const T* const* k, int64_t off, float* scor
       for (int64_t d = 0; d < D; d += 8) {
         const __m256 q0 = _mm256_loadu_ps(q + j * D + d), q1 = _mm256_loadu_ps(q + (j + 1) * D + d);
         for (int c = 0; c < 4; c++) {
-          const __m256 kv = load8(k[t + c] + off + d);
+          const __m256 kv = load8(k[t + c] + d);
           acc[c] = _mm256_fmadd_ps(q0, kv, acc[c]);
           acc[4 + c] = _mm256_fmadd_ps(q1, kv, acc[4 + c]);
         }
@@ -75,7 +74,7 @@ void dots(const float* q, int64_t Q, const T* const* k, int64_t off, float* scor
       for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + j * D + d);
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(qv, load8(k[t + c] + off + d), acc[c]);
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(qv, load8(k[t + c] + d), acc[c]);
       }
       _mm256_storeu_ps(scores + j * stride + t, hsum8(acc));
     }
@@ -83,7 +82,7 @@ void dots(const float* q, int64_t Q, const T* const* k, int64_t off, float* scor
     for (int64_t t = full; t < Tk; t++) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), load8(k[t] + off + d), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), load8(k[t] + d), acc);
       scores[j * stride + t] = hsum(acc);
     }
 }
@@ -110,23 +109,23 @@ void weighted_tile(const float* p, int64_t stride, const T* const* v, int64_t of
 // weighted_tile over lanes [0, D) for QB queries: C register columns (8 lanes each) at a time, then the lanes
 // left one column at a time
 template <int QB, int C, typename T>
-void weighted_lanes(const float* p, int64_t stride, const T* const* v, int64_t off, float* acc, int64_t D,
+void weighted_lanes(const float* p, int64_t stride, const T* const* v, float* acc, int64_t D,
                     int64_t Tk) {
   int64_t d = 0;
-  for (; d + 8 * C <= D; d += 8 * C) weighted_tile<QB, C>(p, stride, v, off + d, acc + d, D, Tk);
-  for (; d < D; d += 8) weighted_tile<QB, 1>(p, stride, v, off + d, acc + d, D, Tk);
+  for (; d + 8 * C <= D; d += 8 * C) weighted_tile<QB, C>(p, stride, v, d, acc + d, D, Tk);
+  for (; d < D; d += 8) weighted_tile<QB, 1>(p, stride, v, d, acc + d, D, Tk);
 }
 
-// acc [Q, D] += p [Q, stride] (first Tk columns) @ the value rows v[t] + off [Tk, D] (D % 8 == 0): per query
+// acc [Q, D] += p [Q, stride] (first Tk columns) @ the value rows v[t] [Tk, D] (D % 8 == 0): per query
 // and lane a sum over t in order. Tiles of 8 accumulators (4 queries x 16 lanes, 2 x 32, 1 x 64): each
 // accumulator's chain of multiply-adds waits on itself once a key, so 8 of them keep both FMA units busy.
 template <typename T>
-void add_weighted(const float* p, int64_t Q, int64_t stride, const T* const* v, int64_t off, float* acc,
+void add_weighted(const float* p, int64_t Q, int64_t stride, const T* const* v, float* acc,
                   int64_t Tk, int64_t D) {
   int64_t j = 0;
-  for (; j + 4 <= Q; j += 4) weighted_lanes<4, 2>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
-  for (; j + 2 <= Q; j += 2) weighted_lanes<2, 4>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
-  for (; j < Q; j++) weighted_lanes<1, 8>(p + j * stride, stride, v, off, acc + j * D, D, Tk);
+  for (; j + 4 <= Q; j += 4) weighted_lanes<4, 2>(p + j * stride, stride, v, acc + j * D, D, Tk);
+  for (; j + 2 <= Q; j += 2) weighted_lanes<2, 4>(p + j * stride, stride, v, acc + j * D, D, Tk);
+  for (; j < Q; j++) weighted_lanes<1, 8>(p + j * stride, stride, v, acc + j * D, D, Tk);
 }
 
 // sc[t] = e^(sc[t] - max) over the keys row i may see (m[t]; m null: all), 0 for the others; returns the sum
@@ -164,12 +163,11 @@ inline float softmax_numerators(float* sc, const bool* m, int64_t Tk, float* max
   return total;
 }
 
-// asks for the cache lines of a slot's row [count] (hint: _MM_HINT_T0 to L1, _MM_HINT_T1 to L2)
-template <typename T>
-inline void prefetch_row(const T* p, int64_t count, int hint) {
+// asks for the cache lines of a slot's row [count] (Hint: _MM_HINT_T0 to L1, _MM_HINT_T1 to L2)
+template <decltype(_MM_HINT_T0) Hint, typename T>  // (an enum in GCC, an int in Clang)
+inline void prefetch_row(const T* p, int64_t count) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < count * int64_t(sizeof(T)); b += 64)
-    hint == _MM_HINT_T0 ? _mm_prefetch(c + b, _MM_HINT_T0) : _mm_prefetch(c + b, _MM_HINT_T1);
+  for (int64_t b = 0; b < count * int64_t(sizeof(T)); b += 64) _mm_prefetch(c + b, Hint);
 }
 
 // rows[0 .. count) of `row` values (row % 8 == 0) as float32 rows: float32 pages' rows as they are; bfloat16
@@ -245,17 +243,16 @@ void attend_all(const Q* q, const T* kc, const T* vc, const int64_t* read, const
       }
       for (int64_t v = 0; v < rows * Hq; v++)
         for (int64_t d = 0; d < D; d++) qf[v * D + d] = widen(q[head(v) * D + d]) * scale;
-      for (int64_t t = 0; t < std::min(len, KEY_BLOCK); t++) prefetch_row(keys[t], row, _MM_HINT_T0);
+      for (int64_t t = 0; t < std::min(len, KEY_BLOCK); t++) prefetch_row<_MM_HINT_T0>(keys[t], row);
       for (int64_t t0 = 0; t0 < len; t0 += KEY_BLOCK) {
         const int64_t count = std::min(KEY_BLOCK, len - t0);
         for (int64_t t = t0 + KEY_BLOCK; t < std::min(len, t0 + 2 * KEY_BLOCK); t++)
-          prefetch_row(keys[t], row, _MM_HINT_T0);
-        for (int64_t t = t0; t < t0 + count; t++) prefetch_row(vals[t], row, _MM_HINT_T1);
+          prefetch_row<_MM_HINT_T0>(keys[t], row);
+        for (int64_t t = t0; t < t0 + count; t++) prefetch_row<_MM_HINT_T1>(vals[t], row);
         for (int64_t g = 0; g < Hkv; g++) {
           for (int64_t t = 0; t < count; t++) slice[t] = keys[t0 + t] + g * D;
           const float* const* k = float_rows(slice.data(), count, D, block, block_rows);
-          dots(qf.data() + g * per_group * D, per_group, k, 0, scores.data() + g * per_group * span + t0, span, count,
-               D);
+          dots(qf.data() + g * per_group * D, per_group, k, scores.data() + g * per_group * span + t0, span, count, D);
         }
       }
       for (int64_t v = 0; v < rows * Hq; v++) {
@@ -269,7 +266,7 @@ void attend_all(const Q* q, const T* kc, const T* vc, const int64_t* read, const
         for (int64_t g = 0; g < Hkv; g++) {
           for (int64_t t = 0; t < count; t++) slice[t] = vals[t0 + t] + g * D;
           const float* const* v = float_rows(slice.data(), count, D, block, block_rows);
-          add_weighted(scores.data() + g * per_group * span + t0, per_group, span, v, 0, acc.data() + g * per_group * D,
+          add_weighted(scores.data() + g * per_group * span + t0, per_group, span, v, acc.data() + g * per_group * D,
                        count, D);
         }
       }

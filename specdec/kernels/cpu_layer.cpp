@@ -55,6 +55,21 @@ void add_rounded(float* x, const float* y, int64_t count) {
   for (; j < count; j++) x[j] = rnd<T>(x[j] + y[j]);
 }
 
+// t's values (of type T, any layout) widened to float32 in dst [t.numel()]
+template <typename T>
+void widen_all(const at::Tensor& t, float* dst) {
+  const at::Tensor c = t.contiguous();
+  const T* p = c.data_ptr<T>();  // (data_ptr checks the tensor on every call: once, not per element)
+  for (int64_t j = 0; j < c.numel(); j++) dst[j] = specdec_cpu::widen(p[j]);
+}
+
+// out (contiguous, of type T) = src [out.numel()] converted to T
+template <typename T>
+void store_all(const float* src, at::Tensor& out) {
+  T* p = out.data_ptr<T>();
+  for (int64_t j = 0; j < out.numel(); j++) p[j] = T(src[j]);
+}
+
 // out [n, H] = w * (x / rms(x)) row by row, HF's RMSNorm: the normalised row rounded to T, then times w;
 // offset (Gemma's norm): (x / rms(x)) * (1 + w) in float32, rounded once. out may be x.
 template <typename T>
@@ -282,22 +297,15 @@ at::Tensor decoder_layer(const at::Tensor& x, at::TensorList weights, at::ArrayR
   std::vector<float> xf(n * H), hf(qkv_input.has_value() ? n * K : 0);
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    const at::Tensor xc = x.contiguous();
-    const T* xp = xc.data_ptr<T>();  // (data_ptr checks the tensor on every call: once, not per element)
-    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xp[j]);
-    if (qkv_input.has_value()) {
-      const at::Tensor hc = qkv_input->contiguous();
-      const T* hp = hc.data_ptr<T>();
-      for (int64_t j = 0; j < n * K; j++) hf[j] = specdec_cpu::widen(hp[j]);
-    }
+    widen_all<T>(x, xf.data());
+    if (qkv_input.has_value()) widen_all<T>(*qkv_input, hf.data());
     auto ptr = [](const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr<T>() : nullptr; };
     const Extras<T> ex{ptr(q_norm), ptr(k_norm), ptr(attn_out_norm), ptr(mlp_out_norm), offset_norms,
                        activation == "gelu_pytorch_tanh"};
     layer<T>(xf.data(), w, b, cc.data_ptr<T>(), sc.data_ptr<T>(), k_pages.data_ptr<T>(), v_pages.data_ptr<T>(),
              ws.data_ptr<int64_t>(), rs.data_ptr<int64_t>(), mask.has_value() ? mc.data_ptr<bool>() : nullptr, n,
              read_slots.numel(), heads, kv_heads, D, float(scale), float(eps), hf.empty() ? nullptr : hf.data(), ex);
-    T* op = out.data_ptr<T>();
-    for (int64_t j = 0; j < n * H; j++) op[j] = T(xf[j]);
+    store_all<T>(xf.data(), out);
   };
   specdec_cpu::with_float_type(dt, run);
   return out;
@@ -319,12 +327,9 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   std::vector<float> xf(n * H);
   specdec_cpu::with_float_type(dt, [&](auto zero) {
     using T = decltype(zero);
-    const at::Tensor xc = x.contiguous();
-    const T* xp = xc.data_ptr<T>();
-    for (int64_t j = 0; j < n * H; j++) xf[j] = specdec_cpu::widen(xp[j]);
+    widen_all<T>(x, xf.data());
     rms_norm(xf.data(), weight.data_ptr<T>(), xf.data(), n, H, float(eps), offset_norms);
-    T* o = out.data_ptr<T>();
-    for (int64_t j = 0; j < n * H; j++) o[j] = T(xf[j]);
+    store_all<T>(xf.data(), out);
   });
   return out;
 }

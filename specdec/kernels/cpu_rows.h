@@ -45,15 +45,13 @@ inline void tile(const float* x, const W* w, const float* bias, O* out, int64_t 
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     __m256 wv[R];
-    if constexpr (M >= 2)  // once a cache line: each weight row's line PREFETCH_BYTES on
-      if (k % (64 / sizeof(W)) == 0)
-        for (int r = 0; r < R; r++)
-          _mm_prefetch(reinterpret_cast<const char*>(w + (n + r * stride) * K + k) + PREFETCH_BYTES, _MM_HINT_T0);
-    if constexpr (M == 1)  // (ONE_ROW_PREFETCH_BYTES)
-      if (k % (64 / sizeof(W)) == 0)
-        for (int r = 0; r < R; r++)
-          _mm_prefetch(reinterpret_cast<const char*>(w + (n + r * stride) * K + k) + ONE_ROW_PREFETCH_BYTES,
-                       _MM_HINT_T1);
+    // once a cache line: each weight row's line PREFETCH_BYTES on into L1, or with one row of x
+    // ONE_ROW_PREFETCH_BYTES on into L2
+    constexpr int64_t ahead = M == 1 ? ONE_ROW_PREFETCH_BYTES : PREFETCH_BYTES;
+    constexpr auto hint = M == 1 ? _MM_HINT_T1 : _MM_HINT_T0;
+    if (k % (64 / sizeof(W)) == 0)
+      for (int r = 0; r < R; r++)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (n + r * stride) * K + k) + ahead, hint);
     for (int r = 0; r < R; r++) wv[r] = load8(w + (n + r * stride) * K + k);
     for (int m = 0; m < M; m++) {
       __m256 xv = load8(x + m * K + k);
